@@ -1,0 +1,52 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run   installs, starts the whole local stack, registers and serves the demo models
+#   make test  installs and runs the tests
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install prometheus run up down test test-unit test-e2e lint format clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Prometheus is optional: installed with apt when missing and we are root; the platform
+# runs without it otherwise.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
+	      || echo "Prometheus could not be installed; continuing without it"; \
+	  else echo "Prometheus is not installed; continuing without it"; fi; }
+
+run: install prometheus
+	$(VENV)/bin/infergate up --demo
+
+up: install prometheus
+	$(VENV)/bin/infergate up --demo --detach
+
+down:
+	$(VENV)/bin/infergate down
+
+test: install prometheus
+	$(PY) -m pytest
+
+test-unit: install
+	$(PY) -m pytest tests/unit
+
+lint: install
+	$(VENV)/bin/ruff check platform tests
+	$(VENV)/bin/ruff format --check platform tests
+
+format: install
+	$(VENV)/bin/ruff format platform tests
+	$(VENV)/bin/ruff check --fix platform tests
+
+clean:
+	rm -rf .infergate registry/store

@@ -1,0 +1,243 @@
+"""The ``infergate`` command: run the stack, register models."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from infergate.config import TASKS, StackConfig, load_config
+from infergate.errors import InfergateError, StackError
+
+log = logging.getLogger("infergate")
+DETACH_TIMEOUT_S = 1800.0  # the first `up --demo` trains and registers two models
+
+
+def _config(args: argparse.Namespace) -> StackConfig:
+    overrides: dict[str, Any] = {}
+    if getattr(args, "state_dir", None):
+        overrides["state_dir"] = args.state_dir
+    return load_config(args.config, overrides=overrides)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _reachable(uri: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{uri}/health", timeout=3) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+# -- up / down -----------------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if args.detach:
+        return _up_detached(args, config)
+    from infergate.stack import Stack, read_state
+
+    if read_state(config.state_dir):
+        raise StackError(
+            f"a stack already runs from {config.state_dir} (see stack.json there); "
+            "stop it with `infergate down` first"
+        )
+    stack = Stack(config)
+    stop_requested: list[bool] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop_requested:  # a second Ctrl-C
+            raise KeyboardInterrupt
+        stop_requested.append(True)
+        if not os.path.exists(config.state_dir / "stack.json"):
+            raise KeyboardInterrupt  # still starting: abort the start at once
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        _say("starting MLflow, Triton, Ray Serve and Prometheus (logs in "
+             f"{stack.log_dir}) ...")
+        stack.start()
+        if args.demo:
+            _register_demo(config)
+        stack.reconcile()
+        if stack.control_plane and stack.control_plane.serving:
+            stack.wait_serving()
+        stack.write_state()
+        _print_endpoints(stack.endpoints())
+        stack.watch(stop_requested, config.reconcile_interval_s)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _say("stopping ...")
+        stack.stop()
+        _say("stopped")
+    return 0
+
+
+def _register_demo(config: StackConfig) -> None:
+    """In a child process, so PyTorch never lives in the supervisor."""
+    _say("registering the demo models if the registry lacks them ...")
+    command = [sys.executable, "-m", "infergate", "demo", "--tracking-uri", config.mlflow.uri]
+    if subprocess.run(command, check=False).returncode != 0:
+        raise StackError("registering the demo models failed (see above)")
+
+
+def _print_endpoints(endpoints: dict[str, Any]) -> None:
+    lines = ["infergate is up:"]
+    for key in ("inference", "mlflow", "triton_grpc", "triton_metrics", "prometheus", "logs"):
+        if key in endpoints:
+            lines.append(f"  {key:<15} {endpoints[key]}")
+    models = ", ".join(endpoints["models"]) or "none (register one with `infergate register`)"
+    lines.append(f"  {'models':<15} {models}")
+    lines.append("Stop with Ctrl-C or `infergate down`.")
+    print("\n".join(lines), flush=True)
+
+
+def _up_detached(args: argparse.Namespace, config: StackConfig) -> int:
+    from infergate.stack import read_state
+
+    log_dir = config.state_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "infergate", "up"]
+    if args.demo:
+        command.append("--demo")
+    if args.config:
+        command += ["--config", str(args.config)]
+    if args.state_dir:
+        command += ["--state-dir", str(args.state_dir)]
+    with (log_dir / "up.log").open("ab") as log_file:
+        child = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + DETACH_TIMEOUT_S
+    while time.monotonic() < deadline:
+        state = read_state(config.state_dir)
+        if state and state.get("pid") == child.pid:
+            _print_endpoints(state)
+            return 0
+        if child.poll() is not None:
+            tail = (log_dir / "up.log").read_text(errors="replace").splitlines()[-20:]
+            raise StackError("the stack failed to start:\n" + "\n".join(tail))
+        time.sleep(0.5)
+    child.terminate()
+    raise StackError(f"the stack was not up after {DETACH_TIMEOUT_S:.0f} s; see {log_dir}")
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from infergate.stack import stop_running
+
+    config = _config(args)
+    if stop_running(config.state_dir):
+        _say("stopped")
+    else:
+        _say(f"no stack runs from {config.state_dir}")
+    return 0
+
+
+# -- register ------------------------------------------------------------------------------
+
+
+def _registry(args: argparse.Namespace):  # noqa: ANN202
+    from infergate.registry import Registry
+
+    uri = args.tracking_uri or _config(args).mlflow.uri
+    if not _reachable(uri):
+        raise StackError(
+            f"the MLflow server at {uri} does not answer; start the stack with "
+            "`infergate up` or pass --tracking-uri"
+        )
+    return Registry(uri)
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    from infergate.register import describe, register_model
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    registered = register_model(
+        args.src,
+        name=args.name,
+        task=args.task,
+        registry=_registry(args),
+        precision=args.precision,
+        max_length=args.max_length,
+        reference_texts=args.reference_texts,
+        alias=args.alias,
+        progress=not args.quiet,
+    )
+    print(describe(registered))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from infergate.demo import register_demo_models
+
+    for line in register_demo_models(_registry(args), progress=not args.quiet):
+        print(line)
+    return 0
+
+
+# -- parser --------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="infergate", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, help="YAML config (default deployments/local.yaml)")
+    common.add_argument("--state-dir", type=Path, help="folder for logs and runtime state")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", parents=[common], help="start the whole local stack")
+    up.add_argument("--demo", action="store_true", help="register and serve the demo models")
+    up.add_argument("--detach", action="store_true", help="return once everything is ready")
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", parents=[common], help="stop the stack started by `up`")
+    down.set_defaults(func=cmd_down)
+
+    registry = argparse.ArgumentParser(add_help=False, parents=[common])
+    registry.add_argument("--tracking-uri", help="MLflow server (default: the local stack's)")
+    registry.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    register = sub.add_parser(
+        "register", parents=[registry], help="optimise a model and register it as a version"
+    )
+    register.add_argument("src", help="Hugging Face model folder, or an MLflow artifact URI")
+    register.add_argument("--name", required=True, help="registered model name")
+    register.add_argument("--task", required=True, choices=TASKS)
+    register.add_argument("--precision", choices=("int8", "fp16", "fp32"), default="int8")
+    register.add_argument("--max-length", type=int, help="truncate inputs to this many tokens")
+    register.add_argument("--reference-texts", type=Path, help="texts for drift reference")
+    register.add_argument("--alias", help="set this alias on the new version, e.g. champion")
+    register.set_defaults(func=cmd_register)
+
+    demo = sub.add_parser("demo", parents=[registry], help="register the demo models")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except InfergateError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Configuration of the platform, loaded once at the edge and passed down frozen.
+
+Defaults live in ``deployments/local.yaml``; any field can be overridden by an
+environment variable ``INFERGATE_<SECTION>__<FIELD>`` (for example
+``INFERGATE_TRITON__GRPC_PORT=9101``) or by a command-line flag.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+ENV_PREFIX = "INFERGATE_"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG_FILE = PROJECT_ROOT / "deployments" / "local.yaml"
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MlflowSettings(Frozen):
+    host: str = Field("127.0.0.1", description="Address the MLflow server binds to.")
+    port: int = Field(5000, description="MLflow server port.")
+    store_dir: Path = Field(
+        PROJECT_ROOT / "registry" / "store",
+        description="Folder holding the SQLite backend store and the artifact store.",
+    )
+    tracking_uri: str | None = Field(
+        None, description="Use an existing MLflow server instead of starting one."
+    )
+    startup_timeout_s: float = Field(90.0, description="How long to wait for the server.")
+
+    @property
+    def uri(self) -> str:
+        return self.tracking_uri or f"http://{self.host}:{self.port}"
+
+
+class TritonSettings(Frozen):
+    http_port: int = Field(8100, description="Triton HTTP port (KServe v2 protocol).")
+    grpc_port: int = Field(8101, description="Triton gRPC port, used by the front-end.")
+    metrics_port: int = Field(8102, description="Triton Prometheus metrics port.")
+    max_batch_size: int = Field(64, ge=1, description="Largest batch Triton's batcher forms.")
+    max_queue_delay_us: int = Field(
+        500, ge=0, description="How long the dynamic batcher waits to fill a batch."
+    )
+    instance_count: int = Field(1, ge=1, description="Model instances per served version.")
+    ort_intra_op_threads: int = Field(
+        0, ge=0, description="ONNX Runtime threads per instance; 0 lets ONNX Runtime decide."
+    )
+    startup_timeout_s: float = Field(60.0, description="How long to wait for the server.")
+    load_timeout_s: float = Field(120.0, description="How long a model load may take.")
+    bind_address: str = Field(
+        "127.0.0.1",
+        description="Address Triton's HTTP, gRPC and metrics endpoints bind to; 0.0.0.0 in "
+        "a container.",
+    )
+    gpu: bool = Field(
+        False,
+        description="Place model instances on GPUs (KIND_GPU); ONNX Runtime then tries its "
+        "CUDA provider first. Needs a GPU machine.",
+    )
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+
+class AutoscalingSettings(Frozen):
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(2, ge=1)
+    target_ongoing_requests: float = Field(
+        32.0, gt=0, description="Ongoing requests per replica that Ray Serve aims for."
+    )
+
+
+class FrontendSettings(Frozen):
+    """What every front-end replica needs; it travels to Ray Serve as user_config."""
+
+    default_model: str = Field("sentiment", description="Model answering POST /predict.")
+    max_texts_per_request: int = Field(64, ge=1, description="More texts get a 413.")
+    max_body_bytes: int = Field(1_048_576, ge=1, description="Larger bodies get a 413.")
+    max_chars_per_text: int = Field(
+        20_000, ge=1, description="Longer texts get a 413; tokens past max length are truncated."
+    )
+    triton_grpc_url: str = Field("127.0.0.1:8101", description="Triton gRPC address.")
+    triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of one Triton call.")
+    artifact_cache_dir: Path = Field(
+        PROJECT_ROOT / ".infergate" / "artifacts",
+        description="Where replicas keep tokenizers and metadata downloaded from MLflow.",
+    )
+    tracking_uri: str = Field("http://127.0.0.1:5000", description="MLflow tracking URI.")
+
+
+class ServeSettings(Frozen):
+    host: str = Field("127.0.0.1", description="Address of the HTTP ingress.")
+    port: int = Field(8000, description="Port of the HTTP ingress.")
+    fast_ingress: bool = Field(
+        True, description="Use Ray Serve's HAProxy ingress and throughput-optimised mode."
+    )
+    max_ongoing_requests: int = Field(256, ge=1, description="Per front-end replica.")
+    metrics_export_port: int = Field(8103, description="Port of Ray's metrics exporter.")
+    autoscaling: AutoscalingSettings = AutoscalingSettings()
+    ray_num_cpus: int | None = Field(None, description="CPUs Ray may schedule; None = all.")
+
+
+class PrometheusSettings(Frozen):
+    enabled: bool = Field(True, description="Start Prometheus when the binary is installed.")
+    port: int = Field(9090)
+    binary: str = Field("prometheus", description="Name or path of the Prometheus binary.")
+
+
+class StackConfig(Frozen):
+    """The whole local stack of ``infergate up``."""
+
+    state_dir: Path = Field(
+        PROJECT_ROOT / ".infergate", description="Logs, pid file, Triton model repository."
+    )
+    mlflow: MlflowSettings = MlflowSettings()
+    triton: TritonSettings = TritonSettings()
+    serve: ServeSettings = ServeSettings()
+    frontend: FrontendSettings = FrontendSettings()
+    prometheus: PrometheusSettings = PrometheusSettings()
+    reconcile_interval_s: float = Field(
+        30.0, gt=0, description="How often the served versions are re-read from the registry."
+    )
+
+    def frontend_settings(self) -> FrontendSettings:
+        """Front-end settings wired to the addresses of this stack."""
+        return self.frontend.model_copy(
+            update={
+                "triton_grpc_url": self.triton.grpc_url,
+                "tracking_uri": self.mlflow.uri,
+                "artifact_cache_dir": self.state_dir / "artifacts",
+            }
+        )
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "CONFIG":
+            continue
+        path = key[len(ENV_PREFIX) :].lower().split("__")
+        # YAML parsing turns "8101" into an int and "false" into a bool; pydantic checks the rest.
+        _set_path(overrides, path, yaml.safe_load(raw) if raw else raw)
+    return overrides
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> StackConfig:
+    """Read the YAML file, then environment overrides, then explicit overrides."""
+    environ = os.environ if environ is None else environ
+    path = path or Path(environ.get(ENV_PREFIX + "CONFIG", DEFAULT_CONFIG_FILE))
+    data: dict[str, Any] = {}
+    if path.exists():
+        data = yaml.safe_load(path.read_text()) or {}
+    data = _merge(data, _env_overrides(environ))
+    data = _merge(data, overrides or {})
+    return StackConfig.model_validate(data)
+
+
+Precision = Literal["int8", "fp16", "fp32"]
+Task = Literal["feature-extraction", "text-classification"]
+TASKS: tuple[str, ...] = ("feature-extraction", "text-classification")

@@ -1,0 +1,87 @@
+"""Converges what runs on what the registry says.
+
+Reads the versions to serve from MLflow, makes sure each is in the Triton model
+repository and loaded (explicit model control: no restarts), hands the front-end its
+new traffic table, then unloads versions nothing references any more. A version that
+Triton cannot load never receives traffic.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infergate.config import TritonSettings
+from infergate.registry import Registry, ServedVersion
+from infergate.triton.client import TritonControl
+from infergate.triton.repository import remove_model, triton_model_name, write_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileResult:
+    served: list[ServedVersion] = field(default_factory=list)
+    loaded: list[str] = field(default_factory=list)
+    unloaded: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        registry: Registry,
+        triton: TritonControl,
+        triton_settings: TritonSettings,
+        repository: Path,
+        cache_dir: Path,
+        deploy: Callable[[list[ServedVersion]], None],
+    ) -> None:
+        self.registry = registry
+        self.triton = triton
+        self.triton_settings = triton_settings
+        self.repository = repository
+        self.cache_dir = cache_dir
+        self.deploy = deploy
+        self.serving: dict[str, ServedVersion] = {}
+
+    def reconcile(self) -> ReconcileResult:
+        result = ReconcileResult()
+        desired = self.registry.champions()
+        for version in desired:
+            model = triton_model_name(version.name, version.version)
+            if model not in self.serving:
+                try:
+                    self._load(version, model)
+                except Exception as exc:  # any failure keeps the version away from traffic
+                    log.error("version %s v%s not served: %s", version.name, version.version, exc)
+                    result.failed[model] = str(exc)
+                    continue
+                result.loaded.append(model)
+            result.served.append(version)
+        new_serving = {triton_model_name(v.name, v.version): v for v in result.served}
+        if new_serving != self.serving:
+            self.deploy(result.served)
+        for model in sorted(set(self.serving) - set(new_serving)):
+            self.triton.unload(model)
+            remove_model(self.repository, model)
+            result.unloaded.append(model)
+        self.serving = new_serving
+        return result
+
+    def _load(self, version: ServedVersion, model: str) -> None:
+        cache = self.cache_dir / model
+        spec = self.registry.load_spec(version.source, cache)
+        onnx_path = self.registry.download(version.source, "model.onnx", cache)
+        write_model(
+            self.repository,
+            model,
+            onnx_path,
+            output_name=spec["output_name"],
+            output_dim=int(spec["output_dim"]),
+            settings=self.triton_settings,
+        )
+        self.triton.load(model, timeout_s=self.triton_settings.load_timeout_s)
+        log.info("loaded %s into Triton", model)

@@ -1,0 +1,72 @@
+"""Typed errors. Each carries its HTTP status; one handler turns any of them into
+``{"error": message, "type": kind}``."""
+
+from __future__ import annotations
+
+
+class InfergateError(Exception):
+    """Base class. ``status`` is the HTTP status a request failing with it gets."""
+
+    status: int = 500
+    kind: str = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_body(self) -> dict[str, str]:
+        return {"error": self.message, "type": self.kind}
+
+
+class InvalidInput(InfergateError):
+    status = 422
+    kind = "invalid_input"
+
+
+class MalformedBody(InfergateError):
+    status = 400
+    kind = "malformed_body"
+
+
+class PayloadTooLarge(InfergateError):
+    status = 413
+    kind = "payload_too_large"
+
+
+class UnsupportedMediaType(InfergateError):
+    status = 415
+    kind = "unsupported_media_type"
+
+
+class ModelNotFound(InfergateError):
+    status = 404
+    kind = "model_not_found"
+
+
+class RouteNotFound(InfergateError):
+    status = 404
+    kind = "not_found"
+
+
+class MethodNotAllowed(InfergateError):
+    status = 405
+    kind = "method_not_allowed"
+
+
+class BackendUnavailable(InfergateError):
+    """Triton is down, not ready, or timed out. The body never carries internals."""
+
+    status = 503
+    kind = "backend_unavailable"
+
+
+class RegistrationError(InfergateError):
+    """Registering a model failed: a broken folder, a wrong task, a parity failure."""
+
+    kind = "registration_failed"
+
+
+class StackError(InfergateError):
+    """The local stack could not start: a port in use, a missing binary, a dead process."""
+
+    kind = "stack_error"

@@ -1,0 +1,213 @@
+"""The HTTP surface of a front-end replica, independent of Ray Serve.
+
+``Frontend.handle`` takes a Starlette request and returns a response; the Ray Serve
+deployment (``infergate.serve_app``) only hosts it. Every error becomes one JSON shape,
+``{"error": ..., "type": ...}``, with the status its class carries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from infergate.config import FrontendSettings
+from infergate.errors import (
+    BackendUnavailable,
+    InfergateError,
+    MethodNotAllowed,
+    ModelNotFound,
+    PayloadTooLarge,
+    RouteNotFound,
+)
+from infergate.openapi import openapi_document
+from infergate.protocol import Limits, check_content_type, parse_predict
+from infergate.runtime import Backend, ModelRuntime, Prediction
+
+log = logging.getLogger(__name__)
+JSON = "application/json"
+READINESS_CACHE_S = 1.0
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The versions of one model a replica serves, with their traffic weights."""
+
+    name: str
+    task: str
+    versions: tuple[ModelRuntime, ...]
+
+    def pick(self, draw: Callable[[], float] = random.random) -> ModelRuntime:
+        if len(self.versions) == 1:
+            return self.versions[0]
+        total = sum(v.served.weight for v in self.versions)
+        point = draw() * total
+        for runtime in self.versions:
+            point -= runtime.served.weight
+            if point < 0:
+                return runtime
+        return self.versions[-1]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "task": self.task,
+            "versions": [
+                {"version": v.served.version, "role": v.served.role, "weight": v.served.weight}
+                for v in self.versions
+            ],
+        }
+
+
+def json_response(
+    body: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(content, status_code=status, headers=headers, media_type=JSON)
+
+
+def error_response(error: InfergateError) -> Response:
+    return json_response(error.to_body(), status=error.status)
+
+
+class Frontend:
+    """Routes requests to handlers; holds the served models of this replica."""
+
+    def __init__(
+        self,
+        settings: FrontendSettings,
+        backend: Backend,
+        models: dict[str, ServedModel],
+        readiness_probe: Callable[[ModelRuntime], Awaitable[bool]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.models = models
+        self.limits = Limits(
+            max_body_bytes=settings.max_body_bytes,
+            max_texts=settings.max_texts_per_request,
+            max_chars_per_text=settings.max_chars_per_text,
+        )
+        self._probe = readiness_probe or self._answers
+        self._ready_at = 0.0
+
+    async def handle(self, request: Request) -> Response:
+        try:
+            return await self._route(request)
+        except InfergateError as error:
+            if error.status >= 500:
+                log.warning("%s %s failed: %s", request.method, request.url.path, error)
+            return error_response(error)
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.url.path)
+            return json_response({"error": "internal error", "type": "internal_error"}, 500)
+
+    async def _route(self, request: Request) -> Response:
+        path = request.url.path.rstrip("/") or "/"
+        parts = path.strip("/").split("/")
+        method = request.method
+        if parts[:2] == ["v1", "models"] and len(parts) == 4 and parts[3] == "predict":
+            _allow(method, "POST")
+            return await self._predict(request, self._model(parts[2]))
+        if path == "/predict":
+            _allow(method, "POST")
+            return await self._predict(request, self._model(self.settings.default_model))
+        if parts[:2] == ["v1", "models"] and len(parts) == 3:
+            _allow(method, "GET")
+            return json_response(self._model(parts[2]).describe())
+        if path == "/v1/models":
+            _allow(method, "GET")
+            return json_response({"models": [m.describe() for m in self.models.values()]})
+        if path == "/healthz":
+            _allow(method, "GET")
+            return json_response({"status": "ok"})
+        if path == "/readyz":
+            _allow(method, "GET")
+            return await self._readyz()
+        if path == "/openapi.json":
+            _allow(method, "GET")
+            return json_response(openapi_document())
+        raise RouteNotFound(f"no route {method} {path}; see GET /openapi.json")
+
+    def _model(self, name: str) -> ServedModel:
+        model = self.models.get(name)
+        if model is None:
+            known = ", ".join(sorted(self.models)) or "none yet"
+            raise ModelNotFound(f"model {name!r} is not served; served models: {known}")
+        return model
+
+    async def _predict(self, request: Request, model: ServedModel) -> Response:
+        check_content_type(request.headers.get("content-type"))
+        body = await _read_body(request, self.settings.max_body_bytes)
+        start = time.perf_counter()
+        parsed = parse_predict(body, self.limits)
+        runtime = model.pick()
+        prediction = await runtime.predict(parsed.texts, parsed.parameters, self.backend)
+        payload = {
+            "model": model.name,
+            "version": runtime.served.version,
+            "outputs": prediction.outputs,
+        }
+        response = json_response(payload)
+        compute_ms = (time.perf_counter() - start) * 1e3
+        response.headers.update(_timing_headers(prediction, compute_ms, runtime))
+        return response
+
+    async def _readyz(self) -> Response:
+        runtimes = [r for m in self.models.values() for r in m.versions]
+        if not runtimes:
+            raise BackendUnavailable("no model is served yet")
+        now = time.monotonic()
+        if now - self._ready_at > READINESS_CACHE_S:
+            answers = await asyncio.gather(*(self._probe(r) for r in runtimes))
+            failing = [r.triton_model for r, ok in zip(runtimes, answers, strict=True) if not ok]
+            if failing:
+                raise BackendUnavailable(f"not ready: {', '.join(failing)}")
+            self._ready_at = now
+        return json_response({"status": "ready", "models": sorted(self.models)})
+
+    async def _answers(self, runtime: ModelRuntime) -> bool:
+        """Ready means loaded in Triton and answering a real request."""
+        try:
+            await runtime.predict(["readiness probe"], {}, self.backend)
+        except InfergateError:
+            return False
+        return True
+
+
+def _allow(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise MethodNotAllowed(f"method {method} is not allowed here; use {allowed}")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """Read at most ``limit`` bytes: a huge body is refused before it is all in memory."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _timing_headers(prediction: Prediction, compute_ms: float, runtime: ModelRuntime) -> dict:
+    t = prediction.timings
+    return {
+        "x-model-version": runtime.served.version,
+        "x-compute-time": f"{compute_ms:.3f}",
+        "x-tokenization-time": f"{t.tokenize:.3f}",
+        "x-inference-time": f"{t.inference:.3f}",
+        "x-postprocess-time": f"{t.postprocess:.3f}",
+    }

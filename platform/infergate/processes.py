@@ -1,0 +1,112 @@
+"""Child processes of the local stack: start, wait until ready, stop without orphans."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from infergate.errors import StackError
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if the supervisor dies, so nothing is orphaned."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM the child's whole process group, SIGKILL what is left after the timeout."""
+        if self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=5)
+
+
+def spawn(
+    name: str, command: Sequence[str], log_dir: Path, env: Mapping[str, str] | None = None
+) -> Child:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("ab") as log_file:
+        popen = subprocess.Popen(
+            list(command),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            start_new_session=True,  # its own process group, so stop() reaches its workers
+            preexec_fn=_die_with_parent,
+        )
+    return Child(name, popen, log_path)
+
+
+def wait_until(
+    child: Child | None, ready: Callable[[], bool], timeout_s: float, what: str
+) -> None:
+    """Poll ``ready`` until true; fail early and clearly if the child dies first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if child is not None and not child.alive():
+            raise StackError(
+                f"{what} exited with code {child.popen.returncode} while starting; "
+                f"last lines of {child.log_path}:\n{child.log_tail()}"
+            )
+        with contextlib.suppress(Exception):
+            if ready():
+                return
+        time.sleep(0.25)
+    raise StackError(f"{what} was not ready after {timeout_s:.0f} s; see its log")
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_ports(ports: Mapping[str, tuple[str, int, str]]) -> None:
+    """``ports`` maps a description to (host, port, env var that moves it)."""
+    busy = [
+        f"port {port} ({what}) is already in use on {host}; stop what uses it "
+        f"or choose another with {env}=PORT"
+        for what, (host, port, env) in ports.items()
+        if not port_free(host, port)
+    ]
+    if busy:
+        raise StackError("\n".join(busy))

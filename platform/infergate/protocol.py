@@ -1,0 +1,138 @@
+"""The wire format of the inference endpoint: parsing and validating request bodies.
+
+Pure: no Ray, no Triton. Every way a body can be wrong maps to one typed error
+whose message says what was received and what is expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
+
+ALLOWED_KEYS = frozenset({"inputs", "parameters"})
+PARAMETERS = {"normalize": bool}
+EXAMPLE = '{"inputs": "I love this film"} or {"inputs": ["first text", "second text"]}'
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int
+    max_texts: int
+    max_chars_per_text: int
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    texts: list[str]
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def check_content_type(content_type: str | None) -> None:
+    """JSON only; a missing header is taken as JSON (as most HTTP clients send it)."""
+    if not content_type:
+        return
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type == "application/json" or media_type.endswith("+json"):
+        return
+    raise UnsupportedMediaType(
+        f"content type {media_type!r} is not supported; send JSON with "
+        "'content-type: application/json'"
+    )
+
+
+def parse_predict(body: bytes, limits: Limits) -> PredictRequest:
+    """Turn the raw body of a predict call into texts, or raise a typed error."""
+    if len(body) > limits.max_body_bytes:
+        raise PayloadTooLarge(
+            f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes} bytes"
+        )
+    if not body.strip():
+        raise MalformedBody(f"request body is empty; expected JSON such as {EXAMPLE}")
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedBody(
+            f"request body is not valid UTF-8 (bad byte at offset {exc.start})"
+        ) from None
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedBody(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise InvalidInput(
+            f"expected a JSON object such as {EXAMPLE}, got {_json_type(payload)}"
+        )
+    unknown = sorted(set(payload) - ALLOWED_KEYS)
+    if unknown:
+        raise InvalidInput(f"unknown field(s) {unknown}; allowed fields are 'inputs', 'parameters'")
+    if "inputs" not in payload:
+        raise InvalidInput(f"field 'inputs' is missing; expected {EXAMPLE}")
+    texts = _texts(payload["inputs"], limits)
+    return PredictRequest(texts=texts, parameters=_parameters(payload.get("parameters")))
+
+
+def _texts(inputs: Any, limits: Limits) -> list[str]:
+    if isinstance(inputs, str):
+        texts = [inputs]
+    elif isinstance(inputs, list):
+        if not inputs:
+            raise InvalidInput("'inputs' is an empty list; send at least one text")
+        if len(inputs) > limits.max_texts:
+            raise PayloadTooLarge(
+                f"'inputs' holds {len(inputs)} texts; the limit is {limits.max_texts} per request"
+            )
+        texts = inputs
+    else:
+        raise InvalidInput(
+            f"'inputs' must be a string or a list of strings, got {_json_type(inputs)}"
+        )
+    for index, text in enumerate(texts):
+        where = "'inputs'" if isinstance(inputs, str) else f"'inputs[{index}]'"
+        if not isinstance(text, str):
+            raise InvalidInput(f"{where} must be a string, got {_json_type(text)}")
+        if not text:
+            raise InvalidInput(f"{where} is an empty string; send some text")
+        if len(text) > limits.max_chars_per_text:
+            raise PayloadTooLarge(
+                f"{where} has {len(text)} characters; the limit is "
+                f"{limits.max_chars_per_text} per text"
+            )
+    return texts
+
+
+def _parameters(parameters: Any) -> dict[str, Any]:
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput(f"'parameters' must be an object, got {_json_type(parameters)}")
+    for key, value in parameters.items():
+        expected = PARAMETERS.get(key)
+        if expected is None:
+            raise InvalidInput(
+                f"unknown parameter {key!r}; known parameters are {sorted(PARAMETERS)}"
+            )
+        if not isinstance(value, expected):
+            raise InvalidInput(
+                f"parameter {key!r} must be {expected.__name__}, got {_json_type(value)}"
+            )
+    return parameters
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__

@@ -1,0 +1,199 @@
+"""``infergate register``: optimise a Hugging Face model and store it as a registry version.
+
+Steps: export to ONNX, ONNX Runtime fusions, quantisation, parity against PyTorch
+(``infergate.onnx_export``), reference statistics on reference texts run through the
+very tokenizer and graph that will be served, then one MLflow run holding every file
+and one new model version pointing at it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from infergate.config import PROJECT_ROOT, TASKS, TritonSettings
+from infergate.errors import RegistrationError
+from infergate.postprocess import softmax
+from infergate.refstats import reference_stats
+from infergate.registry import PARITY_FILE, REFERENCE_FILE, SPEC_FILE, Registry
+from infergate.tokenization import TextTokenizer
+from infergate.triton.repository import build_config, render_config, triton_model_name
+
+DEFAULT_REFERENCE_TEXTS = PROJECT_ROOT / "registry" / "demo" / "sentiment.tsv"
+REFERENCE_BATCH = 32
+
+
+@dataclass(frozen=True)
+class Registered:
+    name: str
+    version: str
+    task: str
+    precision: str
+    parity_max_abs_diff: float
+    parity_tolerance: float
+    onnx_bytes: int
+
+
+def read_texts(path: Path) -> list[str]:
+    """One text per line, or a TSV/CSV whose header has a ``text`` column."""
+    if not path.is_file():
+        raise RegistrationError(f"reference texts file {path} does not exist")
+    if path.suffix in (".tsv", ".csv"):
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle, delimiter="\t" if path.suffix == ".tsv" else ",")
+            if "text" not in (reader.fieldnames or []):
+                raise RegistrationError(f"{path} has no 'text' column in its header")
+            texts = [row["text"] for row in reader if row.get("text")]
+    else:
+        texts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not texts:
+        raise RegistrationError(f"{path} holds no texts")
+    return texts
+
+
+def run_reference(
+    onnx_path: Path,
+    tokenizer: TextTokenizer,
+    task: str,
+    output_name: str,
+    labels: list[str],
+    texts: list[str],
+    progress: bool,
+) -> dict:
+    """Run the reference texts through the graph that will be served; summarise."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    lengths, unknown, outputs = [], [], []
+    starts = range(0, len(texts), REFERENCE_BATCH)
+    for start in tqdm(starts, desc="reference statistics", unit="batch", disable=not progress):
+        batch = tokenizer(texts[start : start + REFERENCE_BATCH])
+        feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        (out,) = session.run([output_name], feeds)
+        lengths.append(batch.lengths)
+        unknown.append(batch.unknown_ratio)
+        outputs.append(softmax(out) if task == "text-classification" else out)
+    return reference_stats(
+        task,
+        np.concatenate(lengths),
+        np.concatenate(unknown),
+        np.concatenate(outputs),
+        labels,
+    )
+
+
+def resolve_source(src: str, work: Path) -> Path:
+    """A local folder as it is; an MLflow artifact URI (``runs:/``, ``models:/``...) fetched."""
+    if ":/" not in src:
+        return Path(src).expanduser()
+    import mlflow
+
+    try:
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=src, dst_path=str(work)))
+    except Exception as exc:
+        raise RegistrationError(f"could not download {src}: {exc}") from None
+
+
+def register_model(
+    src: str,
+    *,
+    name: str,
+    task: str,
+    registry: Registry,
+    precision: str = "int8",
+    max_length: int | None = None,
+    reference_texts: Path | None = None,
+    alias: str | None = None,
+    triton: TritonSettings | None = None,
+    progress: bool = True,
+) -> Registered:
+    from infergate import onnx_export
+
+    if task not in TASKS:
+        raise RegistrationError(f"task {task!r} is not supported; choose one of {list(TASKS)}")
+    if not name or name != name.strip() or "/" in name:
+        raise RegistrationError(f"model name {name!r} is not valid; use letters, digits, - or _")
+    texts = read_texts(reference_texts or DEFAULT_REFERENCE_TEXTS)
+    with tempfile.TemporaryDirectory(prefix="infergate-register-") as tmp:
+        work = Path(tmp)
+        source = resolve_source(src, work / "source")
+        out = work / "model"
+        built = onnx_export.build(
+            source, task, precision, out, max_length=max_length, progress=progress
+        )
+        tokenizer = TextTokenizer.from_dir(built.tokenizer_dir, built.max_length)
+        stats = run_reference(
+            built.onnx_path, tokenizer, task, built.output_name, built.labels, texts, progress
+        )
+        spec = {
+            "format": 1,
+            "task": task,
+            "labels": built.labels,
+            "output_name": built.output_name,
+            "output_dim": built.output_dim,
+            "max_length": built.max_length,
+            "precision": built.precision,
+            "model_type": built.model_type,
+            "source": src,
+        }
+        (out / SPEC_FILE).write_text(json.dumps(spec, indent=2))
+        (out / REFERENCE_FILE).write_text(json.dumps(stats, indent=2))
+        (out / PARITY_FILE).write_text(json.dumps(built.parity.to_dict(), indent=2))
+        config = build_config(
+            triton_model_name(name, "1"),
+            output_name=built.output_name,
+            output_dim=built.output_dim,
+            settings=triton or TritonSettings(),
+        )
+        (out / "triton").mkdir(exist_ok=True)
+        (out / "triton" / "config.pbtxt").write_text(render_config(config))
+        parity = built.parity
+        version = registry.register(
+            name,
+            task,
+            out,
+            metrics={
+                "parity_max_abs_diff": parity.max_abs_diff,
+                "parity_tolerance": parity.tolerance,
+                **{f"parity_{k}": v for k, v in parity.extra.items()},
+                "reference_texts": float(len(texts)),
+                "unknown_token_ratio_reference": stats["unknown_token_ratio_mean"],
+            },
+            params={
+                "task": task,
+                "precision": built.precision,
+                "max_length": str(built.max_length),
+                "model_type": built.model_type,
+                "source": src,
+            },
+            tags={
+                "infergate.precision": built.precision,
+                "infergate.parity_max_abs_diff": f"{parity.max_abs_diff:.6g}",
+                "infergate.parity_passed": str(parity.passed).lower(),
+            },
+            alias=alias,
+        )
+        return Registered(
+            name,
+            version,
+            task,
+            built.precision,
+            parity.max_abs_diff,
+            parity.tolerance,
+            built.onnx_path.stat().st_size,
+        )
+
+
+def describe(registered: Registered) -> str:
+    r = asdict(registered)
+    return (
+        f"registered {r['name']} version {r['version']} ({r['task']}, {r['precision']}, "
+        f"{r['onnx_bytes'] / 1e6:.1f} MB ONNX, parity max abs diff "
+        f"{r['parity_max_abs_diff']:.2e} <= {r['parity_tolerance']:.0e})"
+    )

@@ -1,0 +1,133 @@
+"""The MLflow model registry, as the platform sees it.
+
+A registered version's artifacts live under one folder (``model/``):
+
+    model.onnx            the optimised graph Triton serves
+    tokenizer/            tokenizer.json and friends (front-end replicas load it)
+    infergate.json        the serving spec: task, labels, output name and size, max length
+    reference_stats.json  statistics of the reference texts (the drift baseline)
+    parity_report.json    the optimised graph measured against the original model
+    triton/config.pbtxt   the Triton model configuration it was registered with
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException, RestException
+
+log = logging.getLogger(__name__)
+
+ARTIFACT_DIR = "model"
+SPEC_FILE = "infergate.json"
+REFERENCE_FILE = "reference_stats.json"
+PARITY_FILE = "parity_report.json"
+TASK_TAG = "infergate.task"
+EXPERIMENT = "infergate-registrations"
+CHAMPION = "champion"
+
+
+@dataclass(frozen=True)
+class ServedVersion:
+    """One model version the platform serves, with its place in the traffic split."""
+
+    name: str
+    version: str
+    task: str
+    source: str  # artifact URI of the version's ``model/`` folder
+    role: str = CHAMPION
+    weight: int = 100
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "task": self.task,
+            "source": self.source,
+            "role": self.role,
+            "weight": self.weight,
+        }
+
+
+class Registry:
+    """Reads and writes registered models through an MLflow tracking server."""
+
+    def __init__(self, tracking_uri: str) -> None:
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+    def has_model(self, name: str) -> bool:
+        try:
+            self.client.get_registered_model(name)
+        except (MlflowException, RestException):
+            return False
+        return True
+
+    def register(
+        self,
+        name: str,
+        task: str,
+        files: Path,
+        *,
+        metrics: Mapping[str, float],
+        params: Mapping[str, str],
+        tags: Mapping[str, str],
+        alias: str | None = None,
+    ) -> str:
+        """Log ``files`` as a run's artifacts and make them a new version of ``name``."""
+        mlflow.set_tracking_uri(self.tracking_uri)
+        experiment = mlflow.set_experiment(EXPERIMENT)
+        with mlflow.start_run(experiment_id=experiment.experiment_id, run_name=name) as run:
+            mlflow.log_params(dict(params))
+            mlflow.log_metrics(dict(metrics))
+            mlflow.log_artifacts(str(files), artifact_path=ARTIFACT_DIR)
+        if not self.has_model(name):
+            self.client.create_registered_model(name, tags={TASK_TAG: task})
+        version = self.client.create_model_version(
+            name,
+            source=f"{run.info.artifact_uri}/{ARTIFACT_DIR}",
+            run_id=run.info.run_id,
+            tags={TASK_TAG: task, **tags},
+        ).version
+        if alias:
+            self.client.set_registered_model_alias(name, alias, version)
+        return str(version)
+
+    def champions(self) -> list[ServedVersion]:
+        """The ``champion`` version of every model the platform registered."""
+        served = []
+        for model in self.client.search_registered_models(max_results=1000):
+            task = model.tags.get(TASK_TAG)
+            version = model.aliases.get(CHAMPION)
+            if task is None or version is None:
+                continue
+            mv = self.client.get_model_version(model.name, version)
+            served.append(ServedVersion(model.name, str(version), task, mv.source))
+        return sorted(served, key=lambda v: v.name)
+
+    def download(self, source: str, relative: str, dst: Path) -> Path:
+        """Fetch ``source/relative`` into ``dst`` once; later calls reuse it."""
+        target = dst / relative
+        if target.exists():
+            return target
+        dst.mkdir(parents=True, exist_ok=True)
+        # Download beside the target, then rename: a crashed download never looks complete.
+        with tempfile.TemporaryDirectory(dir=dst) as tmp:
+            fetched = mlflow.artifacts.download_artifacts(
+                artifact_uri=f"{source}/{relative}",
+                dst_path=tmp,
+                tracking_uri=self.tracking_uri,
+            )
+            Path(fetched).rename(target)
+        return target
+
+    def load_spec(self, source: str, cache: Path) -> dict[str, Any]:
+        return json.loads(self.download(source, SPEC_FILE, cache).read_text())

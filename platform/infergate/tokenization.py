@@ -1,0 +1,56 @@
+"""Batched tokenization for the front-end replicas, with the statistics drift needs.
+
+Uses the Rust ``tokenizers`` library directly (the same engine as transformers'
+fast tokenizers, without the Python wrapper's per-call overhead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Token ids padded to the longest text of the batch, and per-text figures."""
+
+    input_ids: np.ndarray  # int64 [batch, sequence]
+    attention_mask: np.ndarray  # int64 [batch, sequence]
+    lengths: np.ndarray  # int64 [batch]: tokens per text, special tokens included
+    unknown_ratio: np.ndarray  # float64 [batch]: unknown tokens / non-special tokens
+    truncated: np.ndarray  # bool [batch]: the text was longer than max_length
+
+
+class TextTokenizer:
+    """Wraps a ``tokenizer.json`` with truncation to the model's max length."""
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int) -> None:
+        self._tokenizer = tokenizer
+        self.max_length = max_length
+        tokenizer.enable_truncation(max_length=max_length)
+        pad_id = tokenizer.padding["pad_id"] if tokenizer.padding else 0
+        pad_token = tokenizer.id_to_token(pad_id) or "[PAD]"
+        tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
+        unk_token = getattr(tokenizer.model, "unk_token", None)
+        self._unk_id = tokenizer.token_to_id(unk_token) if unk_token else None
+
+    @classmethod
+    def from_dir(cls, path: Path, max_length: int) -> TextTokenizer:
+        return cls(Tokenizer.from_file(str(Path(path) / "tokenizer.json")), max_length)
+
+    def __call__(self, texts: list[str]) -> Batch:
+        encodings = self._tokenizer.encode_batch(texts)
+        input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        attention_mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        lengths = attention_mask.sum(axis=1)
+        special = np.array([e.special_tokens_mask for e in encodings], dtype=np.int64)
+        content = np.maximum(lengths - special.sum(axis=1), 1)
+        if self._unk_id is None:
+            unknown = np.zeros(len(texts))
+        else:
+            unknown = ((input_ids == self._unk_id) & (attention_mask == 1)).sum(axis=1) / content
+        truncated = np.array([bool(e.overflowing) for e in encodings])
+        return Batch(input_ids, attention_mask, lengths, unknown, truncated)
