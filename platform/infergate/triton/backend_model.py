@@ -1,0 +1,173 @@
+"""Triton Python-backend model: ONNX Runtime over one dynamic batch of ragged requests.
+
+This file is copied into every model folder as ``<name>/1/model.py`` and runs inside
+Triton's Python-backend stub, the only place ``triton_python_backend_utils`` exists; the
+rest of infergate never imports it. It depends on numpy and onnxruntime only.
+
+Contract of ``model.onnx`` next to it: inputs ``input_ids`` and ``attention_mask`` (int64,
+``[batch, sequence]``), one float32 output ``[batch, dim]`` whose name is the output in
+``config.pbtxt`` (``embeddings`` or ``logits``). The model must pool with the attention
+mask, which is what makes the right-padding below invisible in its results.
+
+Python-backend API: https://github.com/triton-inference-server/python_backend#usage
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"
+# Right-padding value of both inputs: mask 0 hides the padded positions, and id 0 (BERT's
+# [PAD]) is as good as any other id there.
+PAD_VALUE = 0
+
+
+class TritonPythonModel:
+    """One model instance: an ONNX Runtime session over ``model.onnx``."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        """Open the session; any exception here fails the load with its message."""
+        config = json.loads(args["model_config"])
+        self.output_name: str = config["output"][0]["name"]
+        parameters = config.get("parameters", {})
+        threads = int(parameters.get("ort_intra_op_threads", {}).get("string_value", "0"))
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads  # 0: ONNX Runtime picks (one per core)
+        options.inter_op_num_threads = 1  # a transformer graph has no parallel branches
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+
+        # args["model_repository"] is this model's folder (python_backend README, "initialize").
+        model_path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
+        self.session = ort.InferenceSession(
+            str(model_path), sess_options=options, providers=_providers(args)
+        )
+        inputs = sorted(i.name for i in self.session.get_inputs())
+        outputs = [o.name for o in self.session.get_outputs()]
+        if inputs != sorted((INPUT_IDS, ATTENTION_MASK)) or self.output_name not in outputs:
+            raise ValueError(
+                f"{model_path} has inputs {inputs} and outputs {outputs}; expected inputs "
+                f"{[ATTENTION_MASK, INPUT_IDS]} and an output {self.output_name!r}."
+            )
+        self._output_names = [self.output_name]
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        """Run the whole batch in one ``session.run``; one response per request.
+
+        A malformed request gets its own error response and the others still run. If the
+        batched run fails (say one request holds a token id outside the vocabulary), each
+        request is run alone so that only the faulty ones fail.
+        """
+        responses: list[Any] = [None] * len(requests)
+        valid: list[tuple[int, np.ndarray, np.ndarray]] = []
+        for index, request in enumerate(requests):
+            ids = pb_utils.get_input_tensor_by_name(request, INPUT_IDS)
+            mask = pb_utils.get_input_tensor_by_name(request, ATTENTION_MASK)
+            if ids is None or mask is None:
+                problem = f"the request needs both {INPUT_IDS!r} and {ATTENTION_MASK!r}."
+            else:
+                # as_numpy() is a view of the request's shared memory, not a copy.
+                ids, mask = ids.as_numpy(), mask.as_numpy()
+                problem = _shape_problem(ids, mask)
+            if problem is None:
+                valid.append((index, ids, mask))
+            else:
+                responses[index] = _error_response(problem, pb_utils.TritonError.INVALID_ARG)
+        if not valid:
+            return responses
+        try:
+            self._respond(valid, responses)
+        except Exception as batch_failure:
+            if len(valid) == 1:
+                responses[valid[0][0]] = _failure_response(batch_failure)
+            else:
+                for item in valid:
+                    try:
+                        self._respond([item], responses)
+                    except Exception as failure:
+                        responses[item[0]] = _failure_response(failure)
+        return responses
+
+    def _respond(
+        self, items: list[tuple[int, np.ndarray, np.ndarray]], responses: list[Any]
+    ) -> None:
+        ids = _pad_and_stack([item[1] for item in items])
+        mask = _pad_and_stack([item[2] for item in items])
+        output = self.session.run(self._output_names, {INPUT_IDS: ids, ATTENTION_MASK: mask})[0]
+        start = 0
+        for index, request_ids, _ in items:
+            stop = start + request_ids.shape[0]
+            # Row slices of a C-contiguous array are contiguous views; no copy until Triton
+            # moves them into the response's shared memory.
+            tensor = pb_utils.Tensor(self.output_name, output[start:stop])
+            responses[index] = pb_utils.InferenceResponse(output_tensors=[tensor])
+            start = stop
+
+    def finalize(self) -> None:
+        """Release the session when Triton unloads the model."""
+        self.session = None
+
+
+def _providers(args: dict[str, str]) -> list[Any]:
+    # onnxruntime-gpu lists the CUDA provider even on a machine without a GPU, and asking for
+    # it there logs a load error before falling back; so use it only when Triton placed this
+    # instance on a GPU (instance_group kind KIND_GPU).
+    if (
+        args.get("model_instance_kind") == "GPU"
+        and "CUDAExecutionProvider" in ort.get_available_providers()
+    ):
+        device = {"device_id": int(args.get("model_instance_device_id", "0"))}
+        return [("CUDAExecutionProvider", device), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def _shape_problem(ids: np.ndarray, mask: np.ndarray) -> str | None:
+    """Why a request cannot run, or None. Triton has already checked names, dtypes and
+    rank against config.pbtxt; what it cannot check is that the two inputs agree."""
+    if ids.shape != mask.shape:
+        return (
+            f"{INPUT_IDS} has shape {list(ids.shape)} but {ATTENTION_MASK} has shape "
+            f"{list(mask.shape)}; both must be the same [batch, sequence]."
+        )
+    if ids.ndim != 2 or ids.shape[1] < 1:
+        return f"{INPUT_IDS} has shape {list(ids.shape)}; expected [batch, sequence >= 1]."
+    return None
+
+
+def _pad_and_stack(arrays: list[np.ndarray]) -> np.ndarray:
+    """Stack ``[rows_i, length_i]`` arrays into ``[sum rows, max length]``, right-padded.
+
+    One request passes through untouched; otherwise exactly one copy is made.
+    """
+    if len(arrays) == 1:
+        return arrays[0]
+    longest = max(array.shape[1] for array in arrays)
+    if all(array.shape[1] == longest for array in arrays):
+        return np.concatenate(arrays)
+    stacked = np.full(
+        (sum(array.shape[0] for array in arrays), longest), PAD_VALUE, dtype=arrays[0].dtype
+    )
+    row = 0
+    for array in arrays:
+        stacked[row : row + array.shape[0], : array.shape[1]] = array
+        row += array.shape[0]
+    return stacked
+
+
+def _failure_response(exc: Exception) -> Any:
+    # ONNX Runtime reports bad input values (ids outside the vocabulary, a sequence longer
+    # than the position table) as InvalidArgument: the request's fault, not the model's.
+    invalid = type(exc).__name__ == "InvalidArgument"
+    code = pb_utils.TritonError.INVALID_ARG if invalid else pb_utils.TritonError.INTERNAL
+    return _error_response(f"ONNX Runtime failed on this request: {exc}", code)
+
+
+def _error_response(message: str, code: Any) -> Any:
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))

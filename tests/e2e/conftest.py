@@ -1,0 +1,99 @@
+"""Fixtures that start real processes for the end-to-end tests, as a user would."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from infergate.config import TritonSettings
+from infergate.triton.client import TritonControl
+from infergate.triton.server import prepare_backends, server_command, server_environment
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports that were free a moment ago."""
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """Terminate, wait, then kill if it is still there."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=timeout_s)
+
+
+@dataclass
+class RunningTriton:
+    """A tritonserver started by :func:`start_triton`."""
+
+    settings: TritonSettings
+    repository: Path
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.metrics_port}/metrics"
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def start_triton(workdir: Path, settings: TritonSettings | None = None) -> RunningTriton:
+    """Start tritonserver on free ports with an empty repository under ``workdir`` and wait
+    until it is ready. Stop it with :func:`stop_process` on ``.process``."""
+    http_port, grpc_port, metrics_port = free_ports(3)
+    settings = (settings or TritonSettings()).model_copy(
+        update={"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
+    )
+    repository = workdir / "repository"
+    repository.mkdir(parents=True, exist_ok=True)
+    command = server_command(settings, repository, prepare_backends(workdir))
+    log_path = workdir / "tritonserver.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            env=server_environment(os.environ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    triton = RunningTriton(settings, repository, process, log_path)
+    control = TritonControl(settings.grpc_url)
+    deadline = time.monotonic() + settings.startup_timeout_s
+    try:
+        while not control.server_ready():
+            if process.poll() is not None or time.monotonic() > deadline:
+                stop_process(process)
+                pytest.fail(f"tritonserver did not start:\n{triton.log_tail()}")
+            time.sleep(0.1)
+    finally:
+        control.close()
+    return triton
+
+
+@pytest.fixture(scope="module")
+def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTriton]:
+    """A real tritonserver for the tests of one module."""
+    triton = start_triton(tmp_path_factory.mktemp("triton"))
+    try:
+        yield triton
+    finally:
+        stop_process(triton.process)
