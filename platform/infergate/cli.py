@@ -66,8 +66,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        _say("starting MLflow, Triton, Ray Serve and Prometheus (logs in "
-             f"{stack.log_dir}) ...")
+        _say(f"starting MLflow, Triton, Ray Serve and Prometheus (logs in {stack.log_dir}) ...")
         stack.start()
         if args.demo:
             _register_demo(config)
@@ -149,7 +148,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 # -- register ------------------------------------------------------------------------------
 
 
-def _registry(args: argparse.Namespace):  # noqa: ANN202
+def _registry(args: argparse.Namespace):
     from infergate.registry import Registry
 
     uri = args.tracking_uri or _config(args).mlflow.uri

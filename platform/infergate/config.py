@@ -105,6 +105,8 @@ class ServeSettings(Frozen):
     )
     max_ongoing_requests: int = Field(256, ge=1, description="Per front-end replica.")
     metrics_export_port: int = Field(8103, description="Port of Ray's metrics exporter.")
+    haproxy_stats_port: int = Field(8404, description="HAProxy ingress stats page.")
+    haproxy_metrics_port: int = Field(9101, description="HAProxy ingress Prometheus metrics.")
     autoscaling: AutoscalingSettings = AutoscalingSettings()
     ray_num_cpus: int | None = Field(None, description="CPUs Ray may schedule; None = all.")
 

@@ -46,6 +46,7 @@ class ControlPlane:
         self.cache_dir = cache_dir
         self.deploy = deploy
         self.serving: dict[str, ServedVersion] = {}
+        self._deployed = False
 
     def reconcile(self) -> ReconcileResult:
         result = ReconcileResult()
@@ -62,8 +63,9 @@ class ControlPlane:
                 result.loaded.append(model)
             result.served.append(version)
         new_serving = {triton_model_name(v.name, v.version): v for v in result.served}
-        if new_serving != self.serving:
+        if new_serving != self.serving or not self._deployed:
             self.deploy(result.served)
+            self._deployed = True
         for model in sorted(set(self.serving) - set(new_serving)):
             self.triton.unload(model)
             remove_model(self.repository, model)

@@ -67,9 +67,7 @@ class ServedModel:
         }
 
 
-def json_response(
-    body: Any, status: int = 200, headers: dict[str, str] | None = None
-) -> Response:
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(content, status_code=status, headers=headers, media_type=JSON)
 

@@ -19,7 +19,9 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(norms, 1e-12)
 
 
-def classification_outputs(probabilities: np.ndarray, labels: Sequence[str]) -> list[dict[str, Any]]:
+def classification_outputs(
+    probabilities: np.ndarray, labels: Sequence[str]
+) -> list[dict[str, Any]]:
     """One ``{"label", "score", "scores"}`` per row of class probabilities."""
     best = probabilities.argmax(axis=-1)
     rows = probabilities.tolist()

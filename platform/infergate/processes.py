@@ -72,9 +72,7 @@ def spawn(
     return Child(name, popen, log_path)
 
 
-def wait_until(
-    child: Child | None, ready: Callable[[], bool], timeout_s: float, what: str
-) -> None:
+def wait_until(child: Child | None, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Poll ``ready`` until true; fail early and clearly if the child dies first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

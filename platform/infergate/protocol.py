@@ -63,9 +63,7 @@ def parse_predict(body: bytes, limits: Limits) -> PredictRequest:
     except orjson.JSONDecodeError as exc:
         raise MalformedBody(f"request body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
-        raise InvalidInput(
-            f"expected a JSON object such as {EXAMPLE}, got {_json_type(payload)}"
-        )
+        raise InvalidInput(f"expected a JSON object such as {EXAMPLE}, got {_json_type(payload)}")
     unknown = sorted(set(payload) - ALLOWED_KEYS)
     if unknown:
         raise InvalidInput(f"unknown field(s) {unknown}; allowed fields are 'inputs', 'parameters'")

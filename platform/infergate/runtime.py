@@ -112,4 +112,3 @@ class ModelRuntime:
             postprocess=(done - inferred) * 1e3,
         )
         return Prediction(outputs, batch, raw, timings)
-

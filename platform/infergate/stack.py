@@ -91,6 +91,17 @@ class Stack:
                 "INFERGATE_SERVE__METRICS_EXPORT_PORT",
             ),
         }
+        if c.serve.fast_ingress:
+            ports["HAProxy stats"] = (
+                "0.0.0.0",
+                c.serve.haproxy_stats_port,
+                "INFERGATE_SERVE__HAPROXY_STATS_PORT",
+            )
+            ports["HAProxy metrics"] = (
+                "0.0.0.0",
+                c.serve.haproxy_metrics_port,
+                "INFERGATE_SERVE__HAPROXY_METRICS_PORT",
+            )
         if c.mlflow.tracking_uri is None:
             ports["MLflow"] = (c.mlflow.host, c.mlflow.port, "INFERGATE_MLFLOW__PORT")
         if self._prometheus_binary():
@@ -145,6 +156,8 @@ class Stack:
         s = self.config.serve
         if s.fast_ingress:
             os.environ.update(FAST_INGRESS_ENV)
+            os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(s.haproxy_stats_port)
+            os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(s.haproxy_metrics_port)
         ray.init(
             num_cpus=s.ray_num_cpus,
             include_dashboard=False,
@@ -267,6 +280,7 @@ def render_prometheus_config(config: StackConfig) -> str:
     values = {
         "TRITON_METRICS": f"127.0.0.1:{config.triton.metrics_port}",
         "RAY_METRICS": f"127.0.0.1:{config.serve.metrics_export_port}",
+        "HAPROXY_METRICS": f"127.0.0.1:{config.serve.haproxy_metrics_port}",
     }
     for key, value in values.items():
         text = text.replace("${" + key + "}", value)
@@ -274,10 +288,17 @@ def render_prometheus_config(config: StackConfig) -> str:
 
 
 def read_state(state_dir: Path) -> dict[str, Any] | None:
+    """What the running stack wrote about itself; None (and a stale file removed) if none runs."""
     path = state_dir / STATE_FILE
-    if not path.exists():
+    try:
+        state = json.loads(path.read_text())
+        os.kill(int(state["pid"]), 0)
+    except FileNotFoundError:
         return None
-    return json.loads(path.read_text())
+    except (ProcessLookupError, ValueError, KeyError):
+        path.unlink(missing_ok=True)
+        return None
+    return state
 
 
 def stop_running(state_dir: Path, timeout_s: float = 60.0) -> bool:
@@ -289,7 +310,6 @@ def stop_running(state_dir: Path, timeout_s: float = 60.0) -> bool:
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
-        (state_dir / STATE_FILE).unlink(missing_ok=True)
         return False
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

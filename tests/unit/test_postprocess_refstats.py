@@ -37,7 +37,10 @@ def test_quantile_edges_are_open_ended_and_sorted():
 def test_reference_stats_classification():
     probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.3, 0.7], [0.6, 0.4]])
     stats = reference_stats(
-        "text-classification", np.array([5, 10, 20, 40]), np.array([0, 0.5, 0, 0]), probs,
+        "text-classification",
+        np.array([5, 10, 20, 40]),
+        np.array([0, 0.5, 0, 0]),
+        probs,
         ["negative", "positive"],
     )
     assert stats["n_texts"] == 4

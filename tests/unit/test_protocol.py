@@ -63,8 +63,10 @@ def test_error_statuses():
     assert UnsupportedMediaType("x").to_body() == {"error": "x", "type": "unsupported_media_type"}
 
 
-@pytest.mark.parametrize("value", [None, "application/json", "application/json; charset=utf-8",
-                                   "application/vnd.api+json"])
+@pytest.mark.parametrize(
+    "value",
+    [None, "application/json", "application/json; charset=utf-8", "application/vnd.api+json"],
+)
 def test_json_content_types_pass(value):
     check_content_type(value)
 

@@ -1,0 +1,307 @@
+"""The whole platform as a user runs it: `infergate up --demo --detach`, real MLflow,
+Triton, Ray Serve and Prometheus, the demo models, registration over the CLI, and HTTP."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from conftest import free_ports
+from mlflow import MlflowClient
+
+from tiny_models import tiny_bert
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+INFERGATE = str(Path(sys.executable).with_name("infergate"))
+
+
+@dataclass(frozen=True)
+class Stack:
+    url: str
+    mlflow: str
+    env: dict[str, str]
+    state_dir: Path
+
+    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [INFERGATE, *args, "--state-dir", str(self.state_dir)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+def stack_env(state_dir: Path) -> dict[str, str]:
+    names = ["MLFLOW__PORT", "TRITON__HTTP_PORT", "TRITON__GRPC_PORT", "TRITON__METRICS_PORT",
+             "SERVE__PORT", "SERVE__METRICS_EXPORT_PORT", "SERVE__HAPROXY_STATS_PORT",
+             "SERVE__HAPROXY_METRICS_PORT", "PROMETHEUS__PORT"]  # fmt: skip
+    ports = free_ports(len(names))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.update({f"INFERGATE_{name}": str(port) for name, port in zip(names, ports, strict=True)})
+    env["INFERGATE_MLFLOW__STORE_DIR"] = str(state_dir / "store")
+    env["INFERGATE_RECONCILE_INTERVAL_S"] = "2"
+    return env
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    state_dir = tmp_path_factory.mktemp("stack")
+    env = stack_env(state_dir)
+    running = Stack(
+        url=f"http://127.0.0.1:{env['INFERGATE_SERVE__PORT']}",
+        mlflow=f"http://127.0.0.1:{env['INFERGATE_MLFLOW__PORT']}",
+        env=env,
+        state_dir=state_dir,
+    )
+    up = running.cli("up", "--demo", "--detach", timeout=1800)
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        yield running
+    finally:
+        down = running.cli("down", timeout=120)
+        assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture(scope="session")
+def http(stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        yield client
+
+
+def predict(http: httpx.Client, model: str, inputs, **kw) -> httpx.Response:
+    return http.post(f"/v1/models/{model}/predict", json={"inputs": inputs, **kw})
+
+
+# -- the demo models -------------------------------------------------------------------------
+
+
+def test_sentiment_really_classifies(http):
+    response = predict(http, "sentiment", ["I love this film", "This is terrible"])
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "sentiment" and body["version"] == "1"
+    positive, negative = body["outputs"]
+    assert positive["label"] == "positive" and positive["score"] > 0.5
+    assert negative["label"] == "negative" and negative["score"] > 0.5
+    assert set(positive["scores"]) == {"positive", "negative"}
+    assert sum(positive["scores"].values()) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_timing_and_version_headers(http):
+    response = predict(http, "sentiment", "Great service")
+    assert response.headers["x-model-version"] == "1"
+    stages = [float(response.headers[f"x-{s}-time"]) for s in ("tokenization", "inference")]
+    total = float(response.headers["x-compute-time"])
+    assert all(value >= 0 for value in stages) and total >= sum(stages)
+
+
+def test_embeddings_are_unit_vectors_that_mean_something(http):
+    texts = ["A man is playing a guitar.", "Someone plays the guitar.", "The stock market fell."]
+    body = predict(http, "embed", texts).json()
+    vectors = np.array(body["outputs"])
+    assert vectors.shape == (3, 384)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    similar, unrelated = vectors[0] @ vectors[1], vectors[0] @ vectors[2]
+    assert similar > 0.6 and similar > unrelated + 0.3
+
+
+def test_raw_embeddings_on_request(http):
+    body = predict(http, "embed", "hello", parameters={"normalize": False}).json()
+    assert abs(np.linalg.norm(body["outputs"][0]) - 1.0) > 1e-2
+
+
+def test_default_model_answers_predict(http):
+    body = http.post("/predict", json={"inputs": "I love this film"}).json()
+    assert body["model"] == "sentiment" and body["outputs"][0]["label"] == "positive"
+
+
+def test_model_listing(http):
+    models = {m["name"]: m for m in http.get("/v1/models").json()["models"]}
+    assert {"embed", "sentiment"} <= set(models)
+    assert http.get("/v1/models/embed").json() == {
+        "name": "embed",
+        "task": "feature-extraction",
+        "versions": [{"version": "1", "role": "champion", "weight": 100}],
+    }
+
+
+def test_health_readiness_openapi(http):
+    assert http.get("/healthz").json() == {"status": "ok"}
+    ready = http.get("/readyz")
+    assert ready.status_code == 200 and "sentiment" in ready.json()["models"]
+    document = http.get("/openapi.json").json()
+    assert "/v1/models/{name}/predict" in document["paths"]
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+JSON = {"content-type": "application/json"}
+BAD_REQUESTS = [
+    ("post", "/v1/models/sentiment/predict", b"", JSON, 400, "malformed_body"),
+    ("post", "/v1/models/sentiment/predict", b'{"inputs": ', JSON, 400, "malformed_body"),
+    ("post", "/v1/models/sentiment/predict", b'{"inputs": "\xff"}', JSON, 400, "malformed_body"),
+    ("post", "/v1/models/sentiment/predict", b"{}", JSON, 422, "invalid_input"),
+    ("post", "/v1/models/sentiment/predict", b'{"inputs": 5}', JSON, 422, "invalid_input"),
+    ("post", "/v1/models/sentiment/predict", b'{"inputs": []}', JSON, 422, "invalid_input"),
+    ("post", "/v1/models/sentiment/predict", b'{"inputs": [1, 2]}', JSON, 422, "invalid_input"),
+    ("post", "/v1/models/sentiment/predict", b'{"inputs": [["a"]]}', JSON, 422, "invalid_input"),
+    ("post", "/v1/models/sentiment/predict", b'["a"]', JSON, 422, "invalid_input"),
+    ("post", "/v1/models/sentiment/predict", b'{"inputs": "a"}', {"content-type": "text/plain"},
+     415, "unsupported_media_type"),
+    ("post", "/v1/models/sentiment/predict", b'{"inputs": [' + b'"a",' * 100 + b'"a"]}', JSON,
+     413, "payload_too_large"),
+    ("post", "/v1/models/sentiment/predict", b'{"inputs": "' + b"a" * 2_000_000 + b'"}', JSON,
+     413, "payload_too_large"),
+    ("post", "/v1/models/nope/predict", b'{"inputs": "a"}', JSON, 404, "model_not_found"),
+    ("get", "/v1/models/nope", None, {}, 404, "model_not_found"),
+    ("get", "/v1/models/sentiment/predict", None, {}, 405, "method_not_allowed"),
+    ("get", "/nowhere", None, {}, 404, "not_found"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "path", "content", "headers", "status", "kind"), BAD_REQUESTS)
+def test_bad_requests_get_clear_4xx(http, method, path, content, headers, status, kind):
+    response = http.request(method, path, content=content, headers=headers)
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["type"] == kind and body["error"]
+
+
+def test_long_text_is_truncated_not_refused(http):
+    response = predict(http, "sentiment", "good " * 3000)
+    assert response.status_code == 200
+
+
+def test_service_is_intact_after_bad_requests(http):
+    for method, path, content, headers, *_ in BAD_REQUESTS:
+        http.request(method, path, content=content, headers=headers)
+    response = predict(http, "sentiment", ["I love this film"] * 8)
+    assert response.status_code == 200
+    assert [o["label"] for o in response.json()["outputs"]] == ["positive"] * 8
+
+
+# -- registering over the CLI ---------------------------------------------------------------
+
+
+def wait_for_model(http: httpx.Client, name: str, timeout_s: float = 90) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        response = http.get(f"/v1/models/{name}")
+        if response.status_code == 200:
+            return response.json()
+        time.sleep(0.5)
+    raise AssertionError(f"{name} was not served within {timeout_s} s")
+
+
+def test_registered_champion_goes_live(stack, http, tmp_path):
+    folder = tiny_bert(tmp_path / "tiny", "text-classification", labels=("sad", "happy"))
+    result = stack.cli(
+        "register", str(folder), "--name", "tiny", "--task", "text-classification",
+        "--precision", "fp32", "--alias", "champion", "--quiet", "--tracking-uri", stack.mlflow,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"registered tiny version 1 .*parity max abs diff", result.stdout)
+    assert wait_for_model(http, "tiny")["versions"][0]["version"] == "1"
+    outputs = predict(http, "tiny", ["the film was good", "bad"]).json()["outputs"]
+    assert {o["label"] for o in outputs} <= {"sad", "happy"}
+    version = MlflowClient(stack.mlflow).get_model_version("tiny", "1")
+    assert version.tags["infergate.task"] == "text-classification"
+    assert float(version.tags["infergate.parity_max_abs_diff"]) < 1e-3
+
+
+@pytest.mark.parametrize(
+    ("make_source", "task", "message"),
+    [
+        (lambda tmp: tmp / "missing", "feature-extraction", "missing"),
+        (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "feature-extraction", ""),
+    ],
+)
+def test_registration_errors_are_one_clear_line(stack, tmp_path, make_source, task, message):
+    result = stack.cli(
+        "register", str(make_source(tmp_path)), "--name", "broken", "--task", task,
+        "--quiet", "--tracking-uri", stack.mlflow,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert message in result.stderr
+    assert not MlflowClient(stack.mlflow).search_registered_models(filter_string="name='broken'")
+
+
+def test_unknown_task_is_refused(stack):
+    result = stack.cli("register", ".", "--name", "x", "--task", "translation")
+    assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+# -- the README ----------------------------------------------------------------------------
+
+
+def readme_curl_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    commands = []
+    for block in blocks:
+        for command in re.split(r"\n(?=\S)", block.replace("\\\n", " ")):
+            if command.strip().startswith("curl"):
+                commands.append(command.strip())
+    return commands
+
+
+def test_readme_curl_examples_work(stack):
+    commands = readme_curl_commands()
+    assert len(commands) >= 5
+    for command in commands:
+        command = command.replace("http://127.0.0.1:8000", stack.url)
+        result = subprocess.run(
+            [*shlex.split(command), "--fail-with-body"], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+
+
+# -- the stack itself -----------------------------------------------------------------------
+
+
+def test_triton_has_one_model_per_served_version(stack):
+    from infergate.triton.client import TritonControl
+
+    control = TritonControl(f"127.0.0.1:{stack.env['INFERGATE_TRITON__GRPC_PORT']}")
+    loaded = control.loaded_models()
+    assert {"embed__v1", "sentiment__v1"} <= {m for m, s in loaded.items() if s == "READY"}
+
+
+def test_prometheus_scrapes_triton(stack, http):
+    if "prometheus" not in (stack.state_dir / "stack.json").read_text():
+        pytest.fail("Prometheus is not running (make test installs it on Debian as root)")
+    predict(http, "sentiment", "hello")
+    url = f"http://127.0.0.1:{stack.env['INFERGATE_PROMETHEUS__PORT']}/api/v1/query"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        result = httpx.get(url, params={"query": "nv_inference_request_success"}).json()
+        if result["data"]["result"]:
+            return
+        time.sleep(1)
+    raise AssertionError("Prometheus has no nv_inference_request_success samples")
+
+
+def test_second_stack_on_busy_ports_fails_clearly(stack, tmp_path):
+    env = {**stack.env, "INFERGATE_MLFLOW__STORE_DIR": str(tmp_path / "store")}
+    result = subprocess.run(
+        [INFERGATE, "up", "--state-dir", str(tmp_path)], env=env, capture_output=True,
+        text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "already in use" in result.stderr and "INFERGATE_" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,79 @@
+"""Tiny random-weight Hugging Face models built from a config, for tests.
+
+No weights can be downloaded here, so tests that need a model folder other than the
+shipped all-MiniLM-L6-v2 build one: a WordPiece vocabulary written below, a fast
+tokenizer on it, and a 2-layer BERT with random weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WORDS = [
+    "the",
+    "a",
+    "film",
+    "book",
+    "movie",
+    "this",
+    "that",
+    "is",
+    "was",
+    "very",
+    "good",
+    "bad",
+    "great",
+    "terrible",
+    "love",
+    "hate",
+    "i",
+    "you",
+    "it",
+    "service",
+    "food",
+    "not",
+    "at",
+    "all",
+    "and",
+    "but",
+    "of",
+    "to",
+    "in",
+    "with",
+    "for",
+    "on",
+    "slow",
+    "fast",
+    "quiet",
+    "loud",
+]
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def tiny_bert(folder: Path, task: str, *, labels: tuple[str, ...] = ("sad", "happy")) -> Path:
+    """Save a tiny BERT for ``task`` and its tokenizer to ``folder``; return ``folder``."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = folder / "vocab.txt"
+    vocab.write_text(
+        "\n".join([*SPECIAL, *WORDS, *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz")]) + "\n"
+    )
+    tokenizer = BertTokenizerFast(vocab=str(vocab), do_lower_case=True)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+    )
+    torch.manual_seed(0)
+    model_class = BertForSequenceClassification if task == "text-classification" else BertModel
+    model = model_class(config).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
