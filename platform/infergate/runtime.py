@@ -62,6 +62,7 @@ class Prediction:
     batch: Batch
     raw: np.ndarray  # probabilities or raw embeddings, for statistics
     timings: Timings
+    labels: list[str]  # class names (text-classification), [] for embeddings
 
 
 class ModelRuntime:
@@ -111,4 +112,4 @@ class ModelRuntime:
             inference=(inferred - tokenized) * 1e3,
             postprocess=(done - inferred) * 1e3,
         )
-        return Prediction(outputs, batch, raw, timings)
+        return Prediction(outputs, batch, raw, timings, self.spec.labels)

@@ -1,0 +1,228 @@
+"""Drift of live traffic against the reference statistics taken at registration.
+
+Pure numpy. A front-end replica keeps one :class:`DriftWindow` per served version, feeds
+it after every request and publishes :meth:`DriftWindow.scores` as the
+``infergate_drift_score{feature, method}`` gauges about once a second.
+
+Scores, keyed ``(feature, method)``:
+
+- ``("token_length", "psi")``: tokens per text, binned with the reference edges.
+- ``("unknown_token_ratio", "ratio_delta")``: live mean minus reference mean.
+- text-classification: ``("predicted_class", "psi")`` over the classes and
+  ``("confidence", "psi")`` over the probability of the predicted class.
+- feature-extraction: ``("embedding_norm", "psi")`` over the raw embedding norm (decile
+  edges of the reference) and ``("centroid", "cosine_distance")`` between the mean unit
+  vectors, live and reference.
+
+Rule of thumb for PSI (the thresholds of ``deployments/alerts.yml``): below 0.1 no
+significant shift, 0.1 to 0.25 a moderate one, above 0.25 a major one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+CLASSIFICATION = "text-classification"
+EMBEDDINGS = "feature-extraction"
+DEFAULT_EPS = 1e-4
+
+
+def psi(
+    expected_shares: Sequence[float], actual_shares: Sequence[float], eps: float = DEFAULT_EPS
+) -> float:
+    """Population stability index ``sum((a - e) * ln(a / e))`` over the bins.
+
+    Both inputs are normalised to sum to 1 first (counts are fine too). Smoothing: every
+    share is then floored at ``eps`` (no renormalisation afterwards), so a bin empty on one
+    side adds a large but finite term ``(a - eps) * ln(a / eps)`` instead of infinity. With
+    ``eps = 1e-4`` a bin holding 1 % of the live texts and none of the reference adds
+    about 0.046.
+    """
+    expected = np.asarray(expected_shares, dtype=np.float64)
+    actual = np.asarray(actual_shares, dtype=np.float64)
+    if expected.shape != actual.shape or expected.ndim != 1:
+        raise ValueError(
+            f"PSI needs two 1-d share vectors of the same length; got shapes "
+            f"{expected.shape} and {actual.shape}"
+        )
+    if expected.sum() <= 0 or actual.sum() <= 0:
+        raise ValueError("PSI needs at least one observation on each side")
+    expected = np.maximum(expected / expected.sum(), eps)
+    actual = np.maximum(actual / actual.sum(), eps)
+    return float(np.sum((actual - expected) * np.log(actual / expected)))
+
+
+def _edges(values: Sequence[Any]) -> np.ndarray:
+    """Bin edges from the reference JSON. ``json`` round-trips the open ends as
+    ``-Infinity``/``Infinity``; encoders that cannot (orjson) write ``null`` instead."""
+    edges = [float(v) if v is not None else np.nan for v in values]
+    if np.isnan(edges[0]):
+        edges[0] = -np.inf
+    if np.isnan(edges[-1]):
+        edges[-1] = np.inf
+    return np.asarray(edges, dtype=np.float64)
+
+
+def _bin_index(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The ``np.histogram`` bin of each value. Values outside the reference range go to
+    the first or last bin rather than being dropped: they are drift, not noise."""
+    index = np.searchsorted(edges, values, side="right") - 1
+    return np.clip(index, 0, len(edges) - 2).astype(np.int16)
+
+
+class DriftWindow:
+    """The last texts served by one model version, compared with its reference.
+
+    A ring buffer of per-text records (bin indices, unknown-token ratio, predicted class,
+    unit embedding), so :meth:`add` costs O(batch) and memory stays bounded. A text leaves
+    the window when ``max_texts`` newer ones arrived or when it is older than ``max_age_s``
+    by ``clock``. :meth:`scores` recomputes from the live records, O(max_texts), cheap
+    enough to call every second. With fewer than ``min_texts`` texts in the window it
+    returns no scores at all: PSI over a handful of texts is noise that would page people.
+    """
+
+    def __init__(
+        self,
+        reference: Mapping[str, Any],
+        task: str,
+        *,
+        max_texts: int = 2000,
+        max_age_s: float = 600,
+        min_texts: int = 50,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if task not in (CLASSIFICATION, EMBEDDINGS):
+            raise ValueError(f"no drift statistics for task {task!r}")
+        if max_texts < 1 or min_texts < 1:
+            raise ValueError("max_texts and min_texts must be at least 1")
+        self.task = task
+        self.max_texts = max_texts
+        self.max_age_s = max_age_s
+        self.min_texts = min_texts
+        self.clock = clock
+
+        self._length_edges = _edges(reference["token_length"]["edges"])
+        self._length_ref = np.asarray(reference["token_length"]["counts"], dtype=np.float64)
+        self._unknown_ref = float(reference["unknown_token_ratio_mean"])
+        if task == CLASSIFICATION:
+            self._class_ref = np.asarray(
+                list(reference["class_distribution"].values()), dtype=np.float64
+            )
+            self._value_edges = _edges(reference["confidence"]["edges"])
+            self._value_ref = np.asarray(reference["confidence"]["counts"], dtype=np.float64)
+        else:
+            self._value_edges = _edges(reference["embedding_norm"]["edges"])
+            self._value_ref = np.asarray(reference["embedding_norm"]["counts"], dtype=np.float64)
+            self._centroid_ref = np.asarray(reference["centroid"], dtype=np.float64)
+
+        # Ring buffer: slot (self._start + k) % max_texts holds the k-th oldest live text.
+        self._start = 0
+        self._size = 0
+        self._time = np.zeros(max_texts, dtype=np.float64)
+        self._length_bin = np.zeros(max_texts, dtype=np.int16)
+        self._unknown = np.zeros(max_texts, dtype=np.float64)
+        self._value_bin = np.zeros(max_texts, dtype=np.int16)  # confidence or norm bin
+        self._predicted = np.zeros(max_texts, dtype=np.int32)
+        self._unit: np.ndarray | None = None  # [max_texts, dim], allocated on first add
+
+    @property
+    def count(self) -> int:
+        """Texts in the window now (after expiring those older than ``max_age_s``)."""
+        self._expire(self.clock())
+        return self._size
+
+    def add(self, lengths: np.ndarray, unknown_ratio: np.ndarray, outputs: np.ndarray) -> None:
+        """Record one request's texts: token counts, unknown-token ratios and the model
+        outputs (class probabilities, or raw un-normalised embeddings), one row per text."""
+        outputs = np.asarray(outputs, dtype=np.float64)
+        n = len(lengths)
+        if n == 0:
+            return
+        if len(unknown_ratio) != n or outputs.ndim != 2 or outputs.shape[0] != n:
+            raise ValueError(
+                f"one row per text expected: {n} lengths, {len(unknown_ratio)} ratios, "
+                f"outputs of shape {outputs.shape}"
+            )
+        now = self.clock()
+        self._expire(now)
+        if n > self.max_texts:  # only the newest max_texts of a huge batch can stay
+            lengths, unknown_ratio, outputs = (
+                lengths[-self.max_texts :],
+                unknown_ratio[-self.max_texts :],
+                outputs[-self.max_texts :],
+            )
+            n = self.max_texts
+        slots = (self._start + self._size + np.arange(n)) % self.max_texts
+        self._time[slots] = now
+        self._length_bin[slots] = _bin_index(np.asarray(lengths), self._length_edges)
+        self._unknown[slots] = unknown_ratio
+        if self.task == CLASSIFICATION:
+            if outputs.shape[1] != len(self._class_ref):
+                raise ValueError(
+                    f"the reference has {len(self._class_ref)} classes, the outputs "
+                    f"{outputs.shape[1]}: is this the reference of another model?"
+                )
+            self._predicted[slots] = outputs.argmax(axis=1)
+            self._value_bin[slots] = _bin_index(outputs.max(axis=1), self._value_edges)
+        else:
+            norms = np.linalg.norm(outputs, axis=1)
+            self._value_bin[slots] = _bin_index(norms, self._value_edges)
+            if self._unit is None:
+                self._unit = np.zeros((self.max_texts, outputs.shape[1]), dtype=np.float32)
+            self._unit[slots] = outputs / np.maximum(norms[:, None], 1e-12)
+        overflow = max(0, self._size + n - self.max_texts)  # overwritten: the oldest
+        self._start = (self._start + overflow) % self.max_texts
+        self._size = min(self.max_texts, self._size + n)
+
+    def scores(self) -> dict[tuple[str, str], float]:
+        """Drift scores keyed ``(feature, method)``; empty below ``min_texts`` texts."""
+        self._expire(self.clock())
+        if self._size < self.min_texts:
+            return {}
+        live = (self._start + np.arange(self._size)) % self.max_texts
+        n_length_bins = len(self._length_ref)
+        n_value_bins = len(self._value_ref)
+        result = {
+            ("token_length", "psi"): psi(
+                self._length_ref, np.bincount(self._length_bin[live], minlength=n_length_bins)
+            ),
+            ("unknown_token_ratio", "ratio_delta"): float(self._unknown[live].mean())
+            - self._unknown_ref,
+        }
+        value_shares = np.bincount(self._value_bin[live], minlength=n_value_bins)
+        if self.task == CLASSIFICATION:
+            classes = np.bincount(self._predicted[live], minlength=len(self._class_ref))
+            result[("predicted_class", "psi")] = psi(self._class_ref, classes)
+            result[("confidence", "psi")] = psi(self._value_ref, value_shares)
+        else:
+            assert self._unit is not None
+            result[("embedding_norm", "psi")] = psi(self._value_ref, value_shares)
+            result[("centroid", "cosine_distance")] = _cosine_distance(
+                self._unit[live].mean(axis=0, dtype=np.float64), self._centroid_ref
+            )
+        return result
+
+    def _expire(self, now: float) -> None:
+        """Drop the texts older than ``max_age_s``. Times only grow along the ring, so a
+        binary search finds how many of the oldest are out: O(log max_texts)."""
+        cutoff = now - self.max_age_s
+        lo, hi = 0, self._size
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._time[(self._start + mid) % self.max_texts] < cutoff:
+                lo = mid + 1
+            else:
+                hi = mid
+        self._start = (self._start + lo) % self.max_texts
+        self._size -= lo
+
+
+def _cosine_distance(a: np.ndarray, b: np.ndarray) -> float:
+    denominator = float(np.linalg.norm(a) * np.linalg.norm(b))
+    if denominator == 0.0:
+        return 1.0  # a zero centroid points nowhere: as far as it gets from any direction
+    return float(1.0 - np.dot(a, b) / denominator)

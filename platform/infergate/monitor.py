@@ -1,0 +1,70 @@
+"""Per-version statistics a front-end replica keeps.
+
+- drift of live traffic against the registration reference, published as gauges;
+- request counters (``infergate.stats``) that the control plane's canary analysis reads.
+
+Both are published at most once per ``publish_interval_s``, off the request's own work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from infergate.drift import DriftWindow
+from infergate.runtime import ModelRuntime, Prediction
+from infergate.stats import VersionCounters
+from infergate.telemetry import Telemetry
+
+Reporter = Callable[[dict[str, dict]], None]
+
+
+class Monitors:
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        *,
+        reporter: Reporter | None = None,
+        publish_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.telemetry = telemetry
+        self.reporter = reporter
+        self.publish_interval_s = publish_interval_s
+        self.clock = clock
+        self.windows: dict[tuple[str, str], DriftWindow] = {}
+        self.counters: dict[str, VersionCounters] = {}
+        self._published_at = float("-inf")
+
+    def record(
+        self,
+        runtime: ModelRuntime,
+        status: int,
+        seconds: float,
+        prediction: Prediction | None,
+    ) -> None:
+        """One request answered (or failed) by ``runtime``'s version."""
+        served = runtime.served
+        key = f"{served.name}/{served.version}"
+        counters = self.counters.setdefault(key, VersionCounters())
+        raw = prediction.raw if prediction is not None else None
+        counters.add(status, seconds, raw, runtime.spec.labels)
+        if prediction is not None and runtime.reference:
+            window = self.windows.get((served.name, served.version))
+            if window is None:
+                window = DriftWindow(runtime.reference, runtime.spec.task, clock=self.clock)
+                self.windows[(served.name, served.version)] = window
+            batch = prediction.batch
+            window.add(batch.lengths, batch.unknown_ratio, prediction.raw)
+        now = self.clock()
+        if now - self._published_at >= self.publish_interval_s:
+            self._published_at = now
+            self.publish()
+
+    def publish(self) -> None:
+        for (model, version), window in self.windows.items():
+            scores = window.scores()
+            if scores:
+                self.telemetry.drift(model, version, scores)
+        if self.reporter is not None:
+            self.reporter({key: c.to_dict() for key, c in self.counters.items()})
