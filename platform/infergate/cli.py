@@ -13,7 +13,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from infergate import canary_cli
 from infergate.config import TASKS, StackConfig, load_config
+from infergate.dashboards import cli as dashboards_cli
 from infergate.errors import InfergateError, StackError
 
 log = logging.getLogger("infergate")
@@ -75,9 +77,14 @@ def cmd_up(args: argparse.Namespace) -> int:
             stack.wait_serving()
         stack.write_state()
         _print_endpoints(stack.endpoints())
-        stack.watch(stop_requested, config.reconcile_interval_s)
+        stack.watch(stop_requested)
     except KeyboardInterrupt:
         pass
+    except InfergateError:
+        raise
+    except Exception as exc:  # a component failed in a way we did not foresee
+        log.exception("the stack failed")
+        raise StackError(f"the stack failed: {type(exc).__name__}: {exc}") from None
     finally:
         _say("stopping ...")
         stack.stop()
@@ -95,7 +102,8 @@ def _register_demo(config: StackConfig) -> None:
 
 def _print_endpoints(endpoints: dict[str, Any]) -> None:
     lines = ["infergate is up:"]
-    for key in ("inference", "mlflow", "triton_grpc", "triton_metrics", "prometheus", "logs"):
+    keys = ("inference", "admin", "mlflow", "triton_grpc", "triton_metrics", "prometheus", "logs")
+    for key in keys:
         if key in endpoints:
             lines.append(f"  {key:<15} {endpoints[key]}")
     models = ", ".join(endpoints["models"]) or "none (register one with `infergate register`)"
@@ -223,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", parents=[registry], help="register the demo models")
     demo.set_defaults(func=cmd_demo)
+
+    canary_cli.add_commands(sub, common)
+    dashboards_cli.add_commands(sub)
     return parser
 
 

@@ -117,6 +117,25 @@ class PrometheusSettings(Frozen):
     binary: str = Field("prometheus", description="Name or path of the Prometheus binary.")
 
 
+class AdminSettings(Frozen):
+    """The control plane's API: MLflow webhooks and the rollout commands."""
+
+    host: str = Field("127.0.0.1", description="Address the admin API binds to.")
+    port: int = Field(8104, description="Admin API port (webhooks, canary commands).")
+    token: str | None = Field(
+        None, description="When set, canary commands need 'Authorization: Bearer TOKEN'."
+    )
+    webhook_secret: str | None = Field(
+        None, description="HMAC secret of MLflow webhooks; a random one per start if unset."
+    )
+    webhooks: bool = Field(True, description="Register an MLflow webhook on start.")
+    analysis_interval_s: float = Field(2.0, gt=0, description="How often rollouts are analysed.")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
 class StackConfig(Frozen):
     """The whole local stack of ``infergate up``."""
 
@@ -128,6 +147,7 @@ class StackConfig(Frozen):
     serve: ServeSettings = ServeSettings()
     frontend: FrontendSettings = FrontendSettings()
     prometheus: PrometheusSettings = PrometheusSettings()
+    admin: AdminSettings = AdminSettings()
     reconcile_interval_s: float = Field(
         30.0, gt=0, description="How often the served versions are re-read from the registry."
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infergate.config import TritonSettings
@@ -38,8 +38,12 @@ class ControlPlane:
         repository: Path,
         cache_dir: Path,
         deploy: Callable[[list[ServedVersion]], None],
+        desired: Callable[[], list[ServedVersion]],
+        on_load_failure: Callable[[ServedVersion, str], None] = lambda version, reason: None,
     ) -> None:
         self.registry = registry
+        self.desired = desired
+        self.on_load_failure = on_load_failure
         self.triton = triton
         self.triton_settings = triton_settings
         self.repository = repository
@@ -50,8 +54,7 @@ class ControlPlane:
 
     def reconcile(self) -> ReconcileResult:
         result = ReconcileResult()
-        desired = self.registry.champions()
-        for version in desired:
+        for version in self.desired():
             model = triton_model_name(version.name, version.version)
             if model not in self.serving:
                 try:
@@ -59,9 +62,11 @@ class ControlPlane:
                 except Exception as exc:  # any failure keeps the version away from traffic
                     log.error("version %s v%s not served: %s", version.name, version.version, exc)
                     result.failed[model] = str(exc)
+                    self.on_load_failure(version, str(exc))
                     continue
                 result.loaded.append(model)
             result.served.append(version)
+        result.served = _rebalance(result.served)
         new_serving = {triton_model_name(v.name, v.version): v for v in result.served}
         if new_serving != self.serving or not self._deployed:
             self.deploy(result.served)
@@ -87,3 +92,13 @@ class ControlPlane:
         )
         self.triton.load(model, timeout_s=self.triton_settings.load_timeout_s)
         log.info("loaded %s into Triton", model)
+
+
+def _rebalance(served: list[ServedVersion]) -> list[ServedVersion]:
+    """A model whose other version failed to load gives all traffic to what remains."""
+    counts: dict[str, int] = {}
+    for version in served:
+        counts[version.name] = counts.get(version.name, 0) + 1
+    return [
+        replace(v, weight=100) if counts[v.name] == 1 and v.weight != 100 else v for v in served
+    ]

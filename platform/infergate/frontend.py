@@ -8,6 +8,7 @@ deployment (``infergate.serve_app``) only hosts it. Every error becomes one JSON
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import time
@@ -28,13 +29,16 @@ from infergate.errors import (
     PayloadTooLarge,
     RouteNotFound,
 )
+from infergate.monitor import Monitors
 from infergate.openapi import openapi_document
 from infergate.protocol import Limits, check_content_type, parse_predict
 from infergate.runtime import Backend, ModelRuntime, Prediction
+from infergate.telemetry import NullTelemetry, Telemetry
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
 READINESS_CACHE_S = 1.0
+UNKNOWN_MODEL_LABEL = "_unknown"
 
 
 @dataclass(frozen=True)
@@ -45,12 +49,31 @@ class ServedModel:
     task: str
     versions: tuple[ModelRuntime, ...]
 
-    def pick(self, draw: Callable[[], float] = random.random) -> ModelRuntime:
+    def pick(
+        self,
+        routing_key: str | None = None,
+        pinned: str | None = None,
+        draw: Callable[[], float] = random.random,
+    ) -> ModelRuntime:
+        """The version to answer: pinned if asked; else by weight, sticky per routing key."""
+        if pinned is not None:
+            for runtime in self.versions:
+                if runtime.served.version == pinned:
+                    return runtime
+            served = ", ".join(v.served.version for v in self.versions)
+            raise ModelNotFound(
+                f"version {pinned!r} of model {self.name!r} is not served; served: {served}"
+            )
         if len(self.versions) == 1:
             return self.versions[0]
-        total = sum(v.served.weight for v in self.versions)
-        point = draw() * total
-        for runtime in self.versions:
+        point = (
+            (_bucket(routing_key) if routing_key is not None else draw() * 100.0)
+            * sum(v.served.weight for v in self.versions)
+            / 100.0
+        )
+        # Canaries take the lowest buckets: as their weight grows, a key that was on the
+        # canary stays there.
+        for runtime in sorted(self.versions, key=lambda v: v.served.role != "canary"):
             point -= runtime.served.weight
             if point < 0:
                 return runtime
@@ -65,6 +88,12 @@ class ServedModel:
                 for v in self.versions
             ],
         }
+
+
+def _bucket(key: str) -> float:
+    """A stable point in [0, 100) for a routing key (the same on every replica)."""
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 10_000 / 100.0
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -85,6 +114,8 @@ class Frontend:
         backend: Backend,
         models: dict[str, ServedModel],
         readiness_probe: Callable[[ModelRuntime], Awaitable[bool]] | None = None,
+        telemetry: Telemetry | None = None,
+        monitors: Monitors | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
@@ -95,6 +126,8 @@ class Frontend:
             max_chars_per_text=settings.max_chars_per_text,
         )
         self._probe = readiness_probe or self._answers
+        self.telemetry = telemetry or NullTelemetry()
+        self.monitors = monitors or Monitors(self.telemetry)
         self._ready_at = 0.0
 
     async def handle(self, request: Request) -> Response:
@@ -114,10 +147,10 @@ class Frontend:
         method = request.method
         if parts[:2] == ["v1", "models"] and len(parts) == 4 and parts[3] == "predict":
             _allow(method, "POST")
-            return await self._predict(request, self._model(parts[2]))
+            return await self._predict(request, parts[2])
         if path == "/predict":
             _allow(method, "POST")
-            return await self._predict(request, self._model(self.settings.default_model))
+            return await self._predict(request, self.settings.default_model)
         if parts[:2] == ["v1", "models"] and len(parts) == 3:
             _allow(method, "GET")
             return json_response(self._model(parts[2]).describe())
@@ -142,22 +175,37 @@ class Frontend:
             raise ModelNotFound(f"model {name!r} is not served; served models: {known}")
         return model
 
-    async def _predict(self, request: Request, model: ServedModel) -> Response:
-        check_content_type(request.headers.get("content-type"))
-        body = await _read_body(request, self.settings.max_body_bytes)
+    async def _predict(self, request: Request, name: str) -> Response:
         start = time.perf_counter()
-        parsed = parse_predict(body, self.limits)
-        runtime = model.pick()
-        prediction = await runtime.predict(parsed.texts, parsed.parameters, self.backend)
-        payload = {
-            "model": model.name,
-            "version": runtime.served.version,
-            "outputs": prediction.outputs,
-        }
-        response = json_response(payload)
-        compute_ms = (time.perf_counter() - start) * 1e3
-        response.headers.update(_timing_headers(prediction, compute_ms, runtime))
-        return response
+        # Unknown names share one label value so a scan of made-up names cannot blow up
+        # the metrics' cardinality.
+        label = name if name in self.models else UNKNOWN_MODEL_LABEL
+        status, version, prediction = 500, "", None
+        runtime: ModelRuntime | None = None
+        try:
+            model = self._model(name)
+            check_content_type(request.headers.get("content-type"))
+            body = await _read_body(request, self.settings.max_body_bytes)
+            parsed = parse_predict(body, self.limits)
+            runtime = model.pick(
+                request.headers.get("x-routing-key"), request.headers.get("x-model-version")
+            )
+            version = runtime.served.version
+            prediction = await runtime.predict(parsed.texts, parsed.parameters, self.backend)
+            payload = {"model": model.name, "version": version, "outputs": prediction.outputs}
+            response = json_response(payload)
+            compute_ms = (time.perf_counter() - start) * 1e3
+            response.headers.update(_timing_headers(prediction, compute_ms, runtime))
+            status = 200
+            return response
+        except InfergateError as error:
+            status = error.status
+            raise
+        finally:
+            seconds = time.perf_counter() - start
+            self.telemetry.request(label, version, status, prediction, seconds)
+            if runtime is not None:
+                self.monitors.record(runtime, status, seconds, prediction)
 
     async def _readyz(self) -> Response:
         runtimes = [r for m in self.models.values() for r in m.versions]

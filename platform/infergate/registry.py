@@ -24,6 +24,8 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
+from infergate.errors import ModelNotFound
+
 log = logging.getLogger(__name__)
 
 ARTIFACT_DIR = "model"
@@ -33,6 +35,21 @@ PARITY_FILE = "parity_report.json"
 TASK_TAG = "infergate.task"
 EXPERIMENT = "infergate-registrations"
 CHAMPION = "champion"
+CANARY = "canary"
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    name: str
+    task: str
+    aliases: dict[str, str]
+    tags: dict[str, str]
+
+
+def _registered(model: Any) -> RegisteredModel:
+    return RegisteredModel(
+        model.name, model.tags.get(TASK_TAG, ""), dict(model.aliases), dict(model.tags)
+    )
 
 
 @dataclass(frozen=True)
@@ -101,17 +118,42 @@ class Registry:
             self.client.set_registered_model_alias(name, alias, version)
         return str(version)
 
-    def champions(self) -> list[ServedVersion]:
-        """The ``champion`` version of every model the platform registered."""
-        served = []
-        for model in self.client.search_registered_models(max_results=1000):
-            task = model.tags.get(TASK_TAG)
-            version = model.aliases.get(CHAMPION)
-            if task is None or version is None:
-                continue
-            mv = self.client.get_model_version(model.name, version)
-            served.append(ServedVersion(model.name, str(version), task, mv.source))
-        return sorted(served, key=lambda v: v.name)
+    def models(self) -> list[RegisteredModel]:
+        """Every model the platform registered (it carries the task tag)."""
+        found = self.client.search_registered_models(max_results=1000)
+        models = [_registered(m) for m in found if TASK_TAG in m.tags]
+        return sorted(models, key=lambda m: m.name)
+
+    def model(self, name: str) -> RegisteredModel:
+        try:
+            model = self.client.get_registered_model(name)
+        except (MlflowException, RestException):
+            raise ModelNotFound(f"model {name!r} is not in the registry") from None
+        return _registered(model)
+
+    def version_source(self, name: str, version: str) -> str:
+        try:
+            return self.client.get_model_version(name, version).source
+        except (MlflowException, RestException):
+            raise ModelNotFound(f"model {name!r} has no version {version!r}") from None
+
+    def set_alias(self, name: str, alias: str, version: str) -> None:
+        self.client.set_registered_model_alias(name, alias, version)
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        self.client.delete_registered_model_alias(name, alias)
+
+    def set_model_tags(self, name: str, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_registered_model_tag(name, key, value)
+
+    def delete_model_tags(self, name: str, keys: list[str]) -> None:
+        for key in keys:
+            self.client.delete_registered_model_tag(name, key)
+
+    def set_version_tags(self, name: str, version: str, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_model_version_tag(name, version, key, value)
 
     def download(self, source: str, relative: str, dst: Path) -> Path:
         """Fetch ``source/relative`` into ``dst`` once; later calls reuse it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import ray
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
@@ -17,12 +18,37 @@ from starlette.responses import Response
 from infergate.config import FrontendSettings, ServeSettings
 from infergate.errors import BackendUnavailable
 from infergate.frontend import Frontend, ServedModel, error_response
+from infergate.monitor import Monitors
 from infergate.registry import Registry, ServedVersion
 from infergate.runtime import ModelRuntime
+from infergate.telemetry import RayTelemetry
 from infergate.triton.client import TritonBackend
 
 log = logging.getLogger(__name__)
 APP_NAME = "infergate"
+STATS_ACTOR = "infergate-stats"
+STATS_NAMESPACE = "infergate"
+
+
+@ray.remote(num_cpus=0)
+class StatsCollector:
+    """Holds each replica's latest cumulative per-version counters for canary analysis."""
+
+    def __init__(self) -> None:
+        self.reports: dict[str, dict[str, dict]] = {}
+
+    def report(self, replica: str, counters: dict[str, dict]) -> None:
+        self.reports[replica] = counters
+
+    def snapshot(self) -> list[dict[str, dict]]:
+        return list(self.reports.values())
+
+
+def stats_collector() -> ray.actor.ActorHandle:
+    """The cluster's collector, created on first use."""
+    return StatsCollector.options(
+        name=STATS_ACTOR, namespace=STATS_NAMESPACE, lifetime="detached", get_if_exists=True
+    ).remote()
 
 
 @serve.deployment(name="frontend")
@@ -33,6 +59,14 @@ class FrontendDeployment:
         self._frontend: Frontend | None = None
         self._backend: TritonBackend | None = None
         self._loaded: dict[tuple[str, str], ModelRuntime] = {}
+        self._telemetry = RayTelemetry()
+        self._collector = stats_collector()
+        self._replica = serve.get_replica_context().replica_id.unique_id
+        self._monitors = Monitors(self._telemetry, reporter=self._report)
+
+    def _report(self, counters: dict[str, dict]) -> None:
+        # Fire and forget: the request never waits for the collector.
+        self._collector.report.remote(self._replica, counters)
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         settings = FrontendSettings.model_validate(config["settings"])
@@ -57,7 +91,11 @@ class FrontendDeployment:
             name: ServedModel(name, runtimes[0].spec.task, tuple(runtimes))
             for name, runtimes in grouped.items()
         }
-        self._frontend = Frontend(settings, self._backend, models)
+        for version in served:
+            self._telemetry.weight(version.name, version.version, version.role, version.weight)
+        self._frontend = Frontend(
+            settings, self._backend, models, telemetry=self._telemetry, monitors=self._monitors
+        )
         log.info("serving %s", ", ".join(f"{v.name} v{v.version}" for v in served) or "nothing")
 
     async def __call__(self, request: Request) -> Response:

@@ -11,19 +11,25 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from infergate.admin import AdminApi, AdminServer
+from infergate.canary import Rollouts
 from infergate.config import PROJECT_ROOT, StackConfig
 from infergate.controlplane import ControlPlane
 from infergate.errors import StackError
+from infergate.metrics import ROLLOUT_DECISIONS
 from infergate.processes import Child, check_ports, spawn, wait_until
-from infergate.registry import Registry, ServedVersion
+from infergate.registry import CANARY, Registry, ServedVersion
+from infergate.stats import VersionCounters, merge_reports
 from infergate.triton.client import TritonControl
 from infergate.triton.server import (
     find_tritonserver,
@@ -48,6 +54,18 @@ MLFLOW_ENV = {
 }
 
 
+def _webhook_encryption_key(store_dir: Path) -> str:
+    """MLflow encrypts webhook secrets with this key. Without one it draws a new key per
+    server process and cannot read the webhooks it stored before a restart (HTTP 500)."""
+    path = store_dir / "webhook-encryption.key"
+    if not path.exists():
+        from cryptography.fernet import Fernet
+
+        path.write_bytes(Fernet.generate_key())
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
 def _http_ok(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=2) as response:
         return response.status == 200
@@ -55,13 +73,21 @@ def _http_ok(url: str) -> bool:
 
 class Stack:
     def __init__(self, config: StackConfig) -> None:
+        # MLflow's client retries with exponential backoff for minutes by default; a local
+        # stack should fail (and say so) in seconds.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
         self.config = config
         self.state_dir = config.state_dir
         self.log_dir = config.state_dir / "logs"
         self.children: list[Child] = []
         self.registry = Registry(config.mlflow.uri)
         self.control_plane: ControlPlane | None = None
+        self.rollouts: Rollouts | None = None
+        self.admin: AdminServer | None = None
         self._serve_started = False
+        self._reconcile_lock = threading.RLock()
+        self._decisions: Any = None
 
     # -- start -------------------------------------------------------------------------
 
@@ -72,6 +98,7 @@ class Stack:
             self._start_mlflow()
         self._start_triton()
         self._start_serve()
+        self._start_control_plane()
         self._start_prometheus()
 
     def _check_ports(self) -> None:
@@ -102,6 +129,7 @@ class Stack:
                 c.serve.haproxy_metrics_port,
                 "INFERGATE_SERVE__HAPROXY_METRICS_PORT",
             )
+        ports["admin API"] = (c.admin.host, c.admin.port, "INFERGATE_ADMIN__PORT")
         if c.mlflow.tracking_uri is None:
             ports["MLflow"] = (c.mlflow.host, c.mlflow.port, "INFERGATE_MLFLOW__PORT")
         if self._prometheus_binary():
@@ -125,7 +153,9 @@ class Stack:
             "--workers",
             "1",
         ]
-        child = self._spawn("mlflow", command, {**os.environ, **MLFLOW_ENV})
+        env = {**os.environ, **MLFLOW_ENV}
+        env["MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"] = _webhook_encryption_key(m.store_dir)
+        child = self._spawn("mlflow", command, env)
         wait_until(child, lambda: _http_ok(f"{m.uri}/health"), m.startup_timeout_s, "MLflow")
 
     def _start_triton(self) -> None:
@@ -140,14 +170,7 @@ class Stack:
         child = self._spawn("triton", command, server_environment(os.environ, install=install))
         control = TritonControl(t.grpc_url)
         wait_until(child, control.server_ready, t.startup_timeout_s, "Triton")
-        self.control_plane = ControlPlane(
-            self.registry,
-            control,
-            t,
-            repository,
-            self.state_dir / "artifacts",
-            deploy=self._deploy,
-        )
+        self.triton_control = control
 
     def _start_serve(self) -> None:
         import ray
@@ -167,6 +190,56 @@ class Stack:
         )
         serve.start(http_options={"host": s.host, "port": s.port})
         self._serve_started = True
+
+    def _start_control_plane(self) -> None:
+        from infergate.serve_app import stats_collector
+
+        a, t = self.config.admin, self.config.triton
+        collector = stats_collector()
+
+        def stats() -> dict[str, VersionCounters]:
+            import ray
+
+            return merge_reports(ray.get(collector.snapshot.remote(), timeout=10))
+
+        self.rollouts = Rollouts(self.registry, stats, on_decision=self._count_decision)
+        self.control_plane = ControlPlane(
+            self.registry,
+            self.triton_control,
+            t,
+            self.state_dir / "triton-repository",
+            self.state_dir / "artifacts",
+            deploy=self._deploy,
+            desired=self.rollouts.desired,
+            on_load_failure=self._load_failed,
+        )
+        secret = a.webhook_secret or secrets.token_urlsafe(32)
+        api = AdminApi(
+            self.rollouts,
+            self.reconcile,
+            token=a.token,
+            webhook_secret=secret,
+            lock=self._reconcile_lock,
+        )
+        self.admin = AdminServer(api.app, a.host, a.port)
+        self.admin.start()
+        if a.webhooks:
+            register_webhook(self.registry, f"{a.url}/admin/webhooks/mlflow", secret)
+
+    def _count_decision(self, model: str, action: str) -> None:
+        from ray.util.metrics import Counter
+
+        if self._decisions is None:
+            metric = ROLLOUT_DECISIONS
+            self._decisions = Counter(
+                metric.full_name, description=metric.description, tag_keys=metric.labels
+            )
+        self._decisions.inc(1, {"model": model, "decision": action})
+
+    def _load_failed(self, version: ServedVersion, reason: str) -> None:
+        """A canary Triton cannot load is rolled back at once; it never gets traffic."""
+        if version.role == CANARY and self.rollouts is not None:
+            self.rollouts.rollback(version.name, f"Triton could not load it: {reason}")
 
     def _deploy(self, served: list[ServedVersion]) -> None:
         from ray import serve
@@ -188,6 +261,8 @@ class Stack:
         p, c = self.config.prometheus, self.config
         config_file = self.state_dir / "prometheus.yml"
         config_file.write_text(render_prometheus_config(c))
+        # rule_files are resolved beside the rendered config.
+        shutil.copy(PROJECT_ROOT / "deployments" / "alerts.yml", self.state_dir / "alerts.yml")
         command = [
             binary,
             f"--config.file={config_file}",
@@ -206,8 +281,10 @@ class Stack:
     # -- run ---------------------------------------------------------------------------
 
     def reconcile(self) -> None:
+        """Converge on the registry; safe from any thread (webhooks, commands, the loop)."""
         assert self.control_plane is not None
-        result = self.control_plane.reconcile()
+        with self._reconcile_lock:
+            result = self.control_plane.reconcile()
         for model, reason in result.failed.items():
             log.error("%s could not be loaded: %s", model, reason)
 
@@ -223,6 +300,7 @@ class Stack:
         endpoints = {
             "pid": os.getpid(),
             "inference": f"http://{c.serve.host}:{c.serve.port}",
+            "admin": c.admin.url,
             "mlflow": c.mlflow.uri,
             "triton_grpc": c.triton.grpc_url,
             "triton_metrics": f"http://127.0.0.1:{c.triton.metrics_port}/metrics",
@@ -238,16 +316,28 @@ class Stack:
         path.write_text(json.dumps(self.endpoints(), indent=2))
         return path
 
-    def watch(self, stop_requested: list[bool], reconcile_interval_s: float) -> None:
-        """Block until asked to stop; reconcile now and then; raise if a component dies."""
-        next_reconcile = time.monotonic() + reconcile_interval_s
+    def watch(self, stop_requested: list[bool]) -> None:
+        """Block until asked to stop: analyse rollouts, reconcile now and then, and raise
+        if a component dies."""
+        reconcile_every = self.config.reconcile_interval_s
+        analyse_every = self.config.admin.analysis_interval_s
+        next_reconcile = time.monotonic() + reconcile_every
+        next_analysis = time.monotonic() + analyse_every
         while not stop_requested:
-            if time.monotonic() >= next_reconcile:
-                try:
+            now = time.monotonic()
+            try:
+                if now >= next_analysis:
+                    next_analysis = now + analyse_every
+                    assert self.rollouts is not None
+                    with self._reconcile_lock:
+                        decisions = self.rollouts.tick()
+                    if decisions:
+                        self.reconcile()
+                if now >= next_reconcile:
+                    next_reconcile = now + reconcile_every
                     self.reconcile()
-                except Exception:  # the registry may be briefly unreachable; try next time
-                    log.exception("reconciliation failed")
-                next_reconcile = time.monotonic() + reconcile_interval_s
+            except Exception:  # the registry may be briefly unreachable; try next time
+                log.exception("control loop round failed")
             for child in self.children:
                 if not child.alive():
                     raise StackError(
@@ -259,6 +349,9 @@ class Stack:
     # -- stop --------------------------------------------------------------------------
 
     def stop(self) -> None:
+        if self.admin is not None:
+            self.admin.stop()
+            self.admin = None
         if self._serve_started:
             import ray
             from ray import serve
@@ -285,6 +378,28 @@ def render_prometheus_config(config: StackConfig) -> str:
     for key, value in values.items():
         text = text.replace("${" + key + "}", value)
     return text
+
+
+WEBHOOK_NAME = "infergate"
+WEBHOOK_EVENTS = [
+    "model_version.created",
+    "model_version_alias.created",
+    "model_version_alias.deleted",
+]
+
+
+def register_webhook(registry: Registry, url: str, secret: str) -> None:
+    """Create the platform's MLflow webhook, or point the existing one here (idempotent)."""
+    client = registry.client
+    existing = [w for w in client.list_webhooks() if w.name == WEBHOOK_NAME]
+    if existing:
+        client.update_webhook(
+            existing[0].webhook_id, url=url, events=WEBHOOK_EVENTS, secret=secret, status="ACTIVE"
+        )
+        for duplicate in existing[1:]:
+            client.delete_webhook(duplicate.webhook_id)
+    else:
+        client.create_webhook(WEBHOOK_NAME, url, WEBHOOK_EVENTS, secret=secret)
 
 
 def read_state(state_dir: Path) -> dict[str, Any] | None:

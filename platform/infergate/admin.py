@@ -1,0 +1,180 @@
+"""The control plane's HTTP API: MLflow webhooks and the rollout commands of the CLI.
+
+Runs inside the ``infergate up`` supervisor, next to the control plane it drives.
+Commands require ``Authorization: Bearer <admin token>`` when a token is configured;
+webhooks are authenticated by their HMAC signature instead.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from infergate.canary import Rollouts
+from infergate.errors import InfergateError, InvalidInput, MalformedBody
+from infergate.frontend import error_response, json_response
+from infergate.webhooks import SeenDeliveries, Unauthorized, verify
+
+log = logging.getLogger(__name__)
+ALIAS_EVENTS = {"model_version_alias.created", "model_version_alias.deleted"}
+
+
+def _fields(body: bytes, allowed: dict[str, type | tuple[type, ...]]) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body or b"{}")
+    except orjson.JSONDecodeError as exc:
+        raise MalformedBody(f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidInput("body must be a JSON object")
+    for key, value in data.items():
+        expected = allowed.get(key)
+        if expected is None:
+            raise InvalidInput(f"unknown field {key!r}; allowed: {sorted(allowed)}")
+        if not isinstance(value, expected) or (isinstance(value, bool) and expected is int):
+            raise InvalidInput(f"field {key!r} has the wrong type")
+    return data
+
+
+class AdminApi:
+    def __init__(
+        self,
+        rollouts: Rollouts,
+        reconcile: Callable[[], None],
+        *,
+        token: str | None,
+        webhook_secret: str,
+        lock: threading.RLock | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.rollouts = rollouts
+        self.reconcile = reconcile
+        self.token = token
+        self.webhook_secret = webhook_secret
+        self.clock = clock
+        self.seen = SeenDeliveries()
+        # Shared with the control loop: one registry writer at a time.
+        self._lock = lock or threading.RLock()
+        model = "/admin/models/{name}"
+        routes = [
+            ("/admin/webhooks/mlflow", self._wrap(self.webhook, auth=False), "POST"),
+            (model + "/rollout", self._wrap(self.status), "GET"),
+            (model + "/canary", self._wrap(self.start), "POST"),
+            (model + "/canary/weight", self._wrap(self.weight), "POST"),
+            (model + "/canary/promote", self._wrap(self.promote), "POST"),
+            (model + "/canary/rollback", self._wrap(self.rollback), "POST"),
+        ]
+        self.app = Starlette(routes=[Route(p, e, methods=[m]) for p, e, m in routes])
+
+    def _wrap(self, handler: Callable[..., Any], *, auth: bool = True) -> Callable[..., Any]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                if auth:
+                    self._authorize(request)
+                body = await request.body()
+                # Registry calls block: run them off the event loop, one command at a time.
+                from starlette.concurrency import run_in_threadpool
+
+                result = await run_in_threadpool(self._locked, handler, request, body)
+                return json_response(result)
+            except InfergateError as error:
+                return error_response(error)
+            except Exception:
+                log.exception("admin %s failed", request.url.path)
+                return json_response({"error": "internal error", "type": "internal_error"}, 500)
+
+        return endpoint
+
+    def _locked(self, handler: Callable[..., Any], request: Request, body: bytes) -> Any:
+        with self._lock:
+            return handler(request, body)
+
+    def _authorize(self, request: Request) -> None:
+        if not self.token:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given, f"Bearer {self.token}"):
+            raise Unauthorized("a valid admin token is required (Authorization: Bearer ...)")
+
+    # -- handlers (run in a worker thread, under the lock) --------------------------------
+
+    def webhook(self, request: Request, body: bytes) -> dict[str, Any]:
+        event = verify(self.webhook_secret, request.headers, body, self.clock())
+        if not self.seen.first_time(event.delivery_id):
+            return {"status": "duplicate", "delivery_id": event.delivery_id}
+        log.info("webhook %s %s", event.name, event.data)
+        if event.name == "model_version.created":
+            self.rollouts.on_version_created(
+                str(event.data.get("name")), str(event.data.get("version"))
+            )
+        if event.name in ALIAS_EVENTS or event.name == "model_version.created":
+            self.reconcile()
+        return {"status": "accepted", "event": event.name}
+
+    def status(self, request: Request, body: bytes) -> dict[str, Any]:
+        return self.rollouts.status(request.path_params["name"]).to_dict()
+
+    def start(self, request: Request, body: bytes) -> dict[str, Any]:
+        data = _fields(body, {"version": (str, int), "weight": int, "mode": str})
+        if "version" not in data:
+            raise InvalidInput("field 'version' is required")
+        mode = data.get("mode", "auto")
+        if mode not in ("auto", "manual"):
+            raise InvalidInput(f"mode must be 'auto' or 'manual', got {mode!r}")
+        status = self.rollouts.start(
+            request.path_params["name"], str(data["version"]), weight=data.get("weight"), mode=mode
+        )
+        self.reconcile()
+        return status.to_dict()
+
+    def weight(self, request: Request, body: bytes) -> dict[str, Any]:
+        data = _fields(body, {"weight": int})
+        if "weight" not in data:
+            raise InvalidInput("field 'weight' is required")
+        status = self.rollouts.set_weight(request.path_params["name"], data["weight"])
+        self.reconcile()
+        return status.to_dict()
+
+    def promote(self, request: Request, body: bytes) -> dict[str, Any]:
+        status = self.rollouts.promote(request.path_params["name"])
+        self.reconcile()
+        return status.to_dict()
+
+    def rollback(self, request: Request, body: bytes) -> dict[str, Any]:
+        data = _fields(body, {"reason": str})
+        status = self.rollouts.rollback(
+            request.path_params["name"], data.get("reason") or "rolled back by hand"
+        )
+        self.reconcile()
+        return status.to_dict()
+
+
+class AdminServer:
+    """Uvicorn in a daemon thread; stopped with the supervisor."""
+
+    def __init__(self, app: Starlette, host: str, port: int) -> None:
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="infergate-admin", daemon=True)
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise InfergateError("the admin API did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

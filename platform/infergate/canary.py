@@ -1,0 +1,272 @@
+"""Canary rollouts against the registry: aliases ``champion`` and ``canary`` say what is
+served, ``infergate.rollout.*`` tags on the registered model say where a rollout stands.
+
+Anyone with an MLflow client can move the aliases; ``Rollouts.desired`` turns whatever
+the registry says into the traffic table, starting a rollout for a canary alias it has
+not seen. ``Rollouts.tick`` runs the automatic analysis. Every decision is logged with
+its figures and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from infergate.errors import InfergateError, InvalidInput
+from infergate.registry import CANARY, CHAMPION, RegisteredModel, Registry, ServedVersion
+from infergate.rollout import (
+    TAG_PREFIX,
+    Decision,
+    Mode,
+    RolloutPolicy,
+    RolloutState,
+    analyse,
+    apply,
+    check_weight,
+    start,
+)
+from infergate.stats import VersionCounters
+
+log = logging.getLogger(__name__)
+AUTO_CANARY_TAG = "infergate.auto_canary"
+STATE_KEYS = [TAG_PREFIX + k for k in RolloutState.__dataclass_fields__]
+
+Stats = Callable[[], dict[str, VersionCounters]]
+
+
+class RolloutConflict(InfergateError):
+    status = 409
+    kind = "rollout_conflict"
+
+
+@dataclass(frozen=True)
+class Status:
+    model: str
+    task: str
+    champion: str | None
+    state: RolloutState | None
+    policy: RolloutPolicy
+    last_figures: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "model": self.model,
+            "task": self.task,
+            "champion": self.champion,
+            "canary": state.canary_version if state else None,
+            "mode": state.mode if state else None,
+            "weight": state.weight if state else 0,
+            "step": state.step if state else None,
+            "steps": list(self.policy.steps),
+            "last_decision": state.last_decision if state else None,
+            "last_reason": state.last_reason if state else None,
+            "figures": self.last_figures,
+        }
+
+
+class Rollouts:
+    def __init__(
+        self,
+        registry: Registry,
+        stats: Stats,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_decision: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.stats = stats
+        self.clock = clock
+        self.on_decision = on_decision or (lambda model, action: None)
+        self._sources: dict[tuple[str, str], str] = {}
+        self._baselines: dict[tuple[str, str, float], dict[str, VersionCounters]] = {}
+        self._figures: dict[str, dict[str, float]] = {}
+
+    # -- what to serve ------------------------------------------------------------------
+
+    def desired(self) -> list[ServedVersion]:
+        """Champion and canary of every model, with weights; starts unseen canaries."""
+        served: list[ServedVersion] = []
+        for model in self.registry.models():
+            state = self._sync_state(model)
+            champion = model.aliases.get(CHAMPION)
+            canary_weight = state.weight if state else 0
+            if champion is not None and (state is None or canary_weight < 100):
+                served.append(self._served(model, champion, CHAMPION, 100 - canary_weight))
+            if state is not None and (canary_weight > 0 or champion is None):
+                served.append(self._served(model, state.canary_version, CANARY, canary_weight))
+        return served
+
+    def _served(
+        self, model: RegisteredModel, version: str, role: str, weight: int
+    ) -> ServedVersion:
+        key = (model.name, version)
+        if key not in self._sources:  # a version's artifacts never change
+            self._sources[key] = self.registry.version_source(model.name, version)
+        return ServedVersion(model.name, version, model.task, self._sources[key], role, weight)
+
+    def _sync_state(self, model: RegisteredModel) -> RolloutState | None:
+        """Bring the rollout tags in line with the aliases someone may have moved."""
+        state = RolloutState.from_tags(model.tags)
+        canary = model.aliases.get(CANARY)
+        if canary is not None and canary == model.aliases.get(CHAMPION):
+            canary = None
+        if canary is None:
+            if state is not None:
+                self.registry.delete_model_tags(model.name, STATE_KEYS)
+            return None
+        if state is None or state.canary_version != canary:
+            policy = RolloutPolicy.from_tags(model.tags)
+            state = start(canary, policy, self.clock())
+            self.registry.set_model_tags(model.name, state.to_tags())
+            self._log(model.name, Decision("start", f"canary alias on version {canary}"))
+        return state
+
+    # -- commands -----------------------------------------------------------------------
+
+    def start(self, name: str, version: str, *, weight: int | None, mode: Mode) -> Status:
+        model = self.registry.model(name)
+        self.registry.version_source(name, version)  # raises for an unknown version
+        current = RolloutState.from_tags(model.tags)
+        if current is not None and CANARY in model.aliases:
+            raise RolloutConflict(
+                f"version {current.canary_version} of {name!r} is already a canary; "
+                "promote it or roll it back first"
+            )
+        if model.aliases.get(CHAMPION) == version:
+            raise RolloutConflict(f"version {version} is already the champion of {name!r}")
+        if weight is not None:
+            _check(weight)
+        policy = RolloutPolicy.from_tags(model.tags)
+        state = start(version, policy, self.clock(), mode=mode, weight=weight)
+        self.registry.set_model_tags(name, state.to_tags())
+        self.registry.set_alias(name, CANARY, version)
+        self._log(name, Decision("start", state.last_reason))
+        return self.status(name)
+
+    def set_weight(self, name: str, weight: int) -> Status:
+        _check(weight)
+        _, state = self._running(name)
+        state = RolloutState(
+            state.canary_version, "manual", weight, -1, self.clock(), "set-weight",
+            f"weight set to {weight} by hand",
+        )  # fmt: skip
+        self.registry.set_model_tags(name, state.to_tags())
+        self._log(name, Decision("hold", state.last_reason))
+        return self.status(name)
+
+    def promote(self, name: str, reason: str = "promoted by hand") -> Status:
+        model, state = self._running(name)
+        old = model.aliases.get(CHAMPION)
+        now = str(int(self.clock()))
+        self.registry.set_alias(name, CHAMPION, state.canary_version)
+        self.registry.delete_alias(name, CANARY)
+        self.registry.delete_model_tags(name, STATE_KEYS)
+        self.registry.set_version_tags(
+            name,
+            state.canary_version,
+            {"infergate.promoted_at": now, "infergate.promoted_reason": reason},
+        )
+        if old is not None:
+            self.registry.set_version_tags(
+                name, old, {"infergate.replaced_by": state.canary_version}
+            )
+        self._log(name, Decision("promote", reason))
+        return self.status(name)
+
+    def rollback(self, name: str, reason: str = "rolled back by hand") -> Status:
+        _, state = self._running(name)
+        self.registry.delete_alias(name, CANARY)
+        self.registry.delete_model_tags(name, STATE_KEYS)
+        self.registry.set_version_tags(
+            name,
+            state.canary_version,
+            {"infergate.rolled_back_at": str(int(self.clock())),
+             "infergate.rollback_reason": reason},
+        )  # fmt: skip
+        self._log(name, Decision("rollback", reason))
+        return self.status(name)
+
+    def status(self, name: str) -> Status:
+        model = self.registry.model(name)
+        return Status(
+            name,
+            model.task,
+            model.aliases.get(CHAMPION),
+            RolloutState.from_tags(model.tags) if CANARY in model.aliases else None,
+            RolloutPolicy.from_tags(model.tags),
+            self._figures.get(name, {}),
+        )
+
+    def _running(self, name: str) -> tuple[RegisteredModel, RolloutState]:
+        model = self.registry.model(name)
+        state = RolloutState.from_tags(model.tags)
+        if state is None or CANARY not in model.aliases:
+            raise RolloutConflict(f"no canary is rolling out for {name!r}")
+        return model, state
+
+    # -- automatic analysis -------------------------------------------------------------
+
+    def tick(self) -> list[tuple[str, Decision]]:
+        """One analysis round over every running rollout; returns the decisions taken."""
+        decisions = []
+        counters = self.stats()
+        for model in self.registry.models():
+            state = RolloutState.from_tags(model.tags)
+            champion = model.aliases.get(CHAMPION)
+            if state is None or CANARY not in model.aliases or champion is None:
+                continue
+            policy = RolloutPolicy.from_tags(model.tags)
+            key = (model.name, state.canary_version, state.step_started_at)
+            # Counters are cumulative; the window starts where this step began (or where
+            # this process first saw it, after a restart).
+            baseline = self._baselines.setdefault(key, counters)
+            canary = _window(counters, baseline, f"{model.name}/{state.canary_version}")
+            stable = _window(counters, baseline, f"{model.name}/{champion}")
+            decision = analyse(policy, state, canary.window(), stable.window(), self.clock())
+            self._figures[model.name] = decision.figures
+            if decision.action == "promote":
+                self.promote(model.name, decision.reason)
+            elif decision.action == "rollback":
+                self.rollback(model.name, decision.reason)
+            elif decision.action == "advance":
+                new_state = apply(policy, state, decision, self.clock())
+                self.registry.set_model_tags(model.name, new_state.to_tags())
+                self._log(model.name, decision)
+            elif decision.action != state.last_decision:
+                new_state = apply(policy, state, decision, state.step_started_at)
+                self.registry.set_model_tags(model.name, new_state.to_tags())
+            if decision.action in ("promote", "rollback", "advance"):
+                decisions.append((model.name, decision))
+        return decisions
+
+    def on_version_created(self, name: str, version: str) -> None:
+        """A new version of a model asking for automatic canaries becomes the canary."""
+        model = self.registry.model(name)
+        if model.tags.get(AUTO_CANARY_TAG, "").lower() != "true":
+            return
+        if CANARY in model.aliases or CHAMPION not in model.aliases:
+            return
+        self.start(name, version, weight=None, mode="auto")
+
+    def _log(self, model: str, decision: Decision) -> None:
+        figures = " ".join(f"{k}={v:.4g}" for k, v in decision.figures.items())
+        log.info("rollout %s: %s (%s) %s", model, decision.action, decision.reason, figures)
+        self.on_decision(model, decision.action)
+
+
+def _window(
+    now: dict[str, VersionCounters], baseline: dict[str, VersionCounters], key: str
+) -> VersionCounters:
+    current = now.get(key, VersionCounters())
+    return current.minus(baseline[key]) if key in baseline else current
+
+
+def _check(weight: int) -> None:
+    try:
+        check_weight(weight)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None

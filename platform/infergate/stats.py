@@ -1,0 +1,84 @@
+"""Per-version request counters that front-end replicas keep and the control plane reads
+for canary analysis, without Prometheus. Cumulative, so windows are differences."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from infergate.metrics import LATENCY_BUCKETS_S, NORM_BUCKETS
+from infergate.rollout import VersionWindow
+
+
+@dataclass
+class VersionCounters:
+    requests: int = 0
+    errors: int = 0  # 5xx after the version was chosen
+    latency: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    outputs: list[int] = field(default_factory=list)  # class counts, or embedding-norm bins
+
+    def add(self, status: int, seconds: float, raw: np.ndarray | None, labels: list[str]) -> None:
+        self.requests += 1
+        if status >= 500:
+            self.errors += 1
+        self.latency[int(np.searchsorted(LATENCY_BUCKETS_S, seconds))] += 1
+        if raw is None or raw.ndim != 2:
+            return
+        if labels:
+            counts = np.bincount(raw.argmax(axis=-1), minlength=len(labels))
+        else:
+            bins = np.searchsorted(NORM_BUCKETS, np.linalg.norm(raw, axis=-1))
+            counts = np.bincount(bins, minlength=len(NORM_BUCKETS) + 1)
+        if not self.outputs:
+            self.outputs = [0] * len(counts)
+        self.outputs = [a + int(b) for a, b in zip(self.outputs, counts, strict=True)]
+
+    def merged(self, other: VersionCounters) -> VersionCounters:
+        return self._combine(other, 1)
+
+    def minus(self, other: VersionCounters) -> VersionCounters:
+        return self._combine(other, -1)
+
+    def _combine(self, other: VersionCounters, sign: int) -> VersionCounters:
+        outputs = self.outputs or [0] * len(other.outputs)
+        theirs = other.outputs or [0] * len(outputs)
+        return VersionCounters(
+            self.requests + sign * other.requests,
+            self.errors + sign * other.errors,
+            [a + sign * b for a, b in zip(self.latency, other.latency, strict=True)],
+            [a + sign * b for a, b in zip(outputs, theirs, strict=True)],
+        )
+
+    def p95_ms(self) -> float:
+        """Upper bound of the bucket holding the 95th percentile (Prometheus-style)."""
+        total = sum(self.latency)
+        if not total:
+            return 0.0
+        cumulative = np.cumsum(self.latency)
+        index = int(np.searchsorted(cumulative, 0.95 * total))
+        bounds = (*LATENCY_BUCKETS_S, LATENCY_BUCKETS_S[-1] * 2)
+        return bounds[min(index, len(bounds) - 1)] * 1e3
+
+    def window(self) -> VersionWindow:
+        total = sum(self.outputs)
+        shares = tuple(c / total for c in self.outputs) if total else ()
+        return VersionWindow(self.requests, self.errors, self.p95_ms(), shares)
+
+    def to_dict(self) -> dict:
+        return {"requests": self.requests, "errors": self.errors,
+                "latency": self.latency, "outputs": self.outputs}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict) -> VersionCounters:
+        return cls(data["requests"], data["errors"], list(data["latency"]), list(data["outputs"]))
+
+
+def merge_reports(reports: list[dict[str, dict]]) -> dict[str, VersionCounters]:
+    """Sum the per-replica reports, keyed ``"model/version"``."""
+    merged: dict[str, VersionCounters] = {}
+    for report in reports:
+        for key, data in report.items():
+            counters = VersionCounters.from_dict(data)
+            merged[key] = merged[key].merged(counters) if key in merged else counters
+    return merged

@@ -1,0 +1,93 @@
+"""Verifying MLflow webhook deliveries.
+
+MLflow signs ``"{delivery_id}.{timestamp}.{body}"`` with HMAC-SHA256 and sends
+``X-MLflow-Signature: v1,<base64>`` with ``X-MLflow-Delivery-Id`` and
+``X-MLflow-Timestamp`` (mlflow/webhooks/delivery.py). A delivery with a bad or missing
+signature, or a timestamp outside the tolerance, is refused; one already seen is ignored
+(MLflow retries failed deliveries).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from infergate.errors import InfergateError, MalformedBody
+
+SIGNATURE = "x-mlflow-signature"
+TIMESTAMP = "x-mlflow-timestamp"
+DELIVERY_ID = "x-mlflow-delivery-id"
+
+
+class Unauthorized(InfergateError):
+    status = 401
+    kind = "unauthorized"
+
+
+@dataclass(frozen=True)
+class Event:
+    delivery_id: str
+    entity: str
+    action: str
+    data: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return f"{self.entity}.{self.action}"
+
+
+def sign(secret: str, delivery_id: str, timestamp: str, body: bytes) -> str:
+    content = f"{delivery_id}.{timestamp}.".encode() + body
+    digest = hmac.new(secret.encode(), content, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def verify(
+    secret: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    now: float,
+    tolerance_s: float = 300.0,
+) -> Event:
+    """The delivery's event, or ``Unauthorized`` / ``MalformedBody``."""
+    signature, delivery_id = headers.get(SIGNATURE), headers.get(DELIVERY_ID)
+    timestamp = headers.get(TIMESTAMP)
+    if not signature or not delivery_id or not timestamp:
+        raise Unauthorized("missing X-MLflow-Signature, -Delivery-Id or -Timestamp header")
+    try:
+        age = abs(now - int(timestamp))
+    except ValueError:
+        raise Unauthorized(f"X-MLflow-Timestamp {timestamp!r} is not a Unix time") from None
+    if age > tolerance_s:
+        raise Unauthorized(f"delivery timestamp is {age:.0f} s off; refusing a stale delivery")
+    expected = sign(secret, delivery_id, timestamp, body)
+    if not hmac.compare_digest(expected, signature):
+        raise Unauthorized("webhook signature does not match")
+    try:
+        payload = orjson.loads(body)
+        return Event(delivery_id, payload["entity"], payload["action"], payload.get("data", {}))
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise MalformedBody("webhook body is not an MLflow event") from None
+
+
+class SeenDeliveries:
+    """The last ``size`` delivery ids, to ignore MLflow's retries of a delivered event."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def first_time(self, delivery_id: str) -> bool:
+        if delivery_id in self._ids:
+            return False
+        self._ids[delivery_id] = None
+        if len(self._ids) > self.size:
+            self._ids.popitem(last=False)
+        return True

@@ -1,0 +1,69 @@
+import orjson
+import pytest
+
+from infergate.errors import MalformedBody
+from infergate.webhooks import SeenDeliveries, Unauthorized, sign, verify
+
+BODY = orjson.dumps({"entity": "model_version_alias", "action": "created",
+                     "data": {"name": "m", "alias": "canary", "version": "2"}})  # fmt: skip
+
+
+def headers(secret="s3cret", delivery="d-1", timestamp="1000", body=BODY):
+    return {
+        "x-mlflow-signature": sign(secret, delivery, timestamp, body),
+        "x-mlflow-delivery-id": delivery,
+        "x-mlflow-timestamp": timestamp,
+    }
+
+
+def test_signature_matches_mlflows_scheme():
+    # HMAC-SHA256 of "d-1.1000.{}" with key "k", base64, prefixed "v1," as MLflow does.
+    import base64
+    import hashlib
+    import hmac
+
+    digest = hmac.new(b"k", b"d-1.1000.{}", hashlib.sha256).digest()
+    assert sign("k", "d-1", "1000", b"{}") == "v1," + base64.b64encode(digest).decode()
+
+
+def test_a_good_delivery_gives_its_event():
+    event = verify("s3cret", headers(), BODY, now=1010)
+    assert event.name == "model_version_alias.created"
+    assert event.data["version"] == "2"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"x-mlflow-signature": ""},
+        {"x-mlflow-signature": "v1,AAAA"},
+        {"x-mlflow-timestamp": "not-a-time"},
+    ],
+)
+def test_bad_signatures_are_refused(bad):
+    with pytest.raises(Unauthorized):
+        verify("s3cret", {**headers(), **bad}, BODY, now=1000)
+
+
+def test_wrong_secret_and_tampered_body_are_refused():
+    with pytest.raises(Unauthorized):
+        verify("other", headers(), BODY, now=1000)
+    with pytest.raises(Unauthorized):
+        verify("s3cret", headers(), BODY.replace(b'"2"', b'"3"'), now=1000)
+
+
+def test_stale_deliveries_are_refused():
+    with pytest.raises(Unauthorized, match="stale"):
+        verify("s3cret", headers(), BODY, now=1000 + 301)
+
+
+def test_signed_garbage_is_malformed():
+    with pytest.raises(MalformedBody):
+        verify("s3cret", headers(body=b"[1]"), b"[1]", now=1000)
+
+
+def test_repeated_deliveries_are_seen_once_and_memory_is_bounded():
+    seen = SeenDeliveries(size=2)
+    assert seen.first_time("a") and not seen.first_time("a")
+    assert seen.first_time("b") and seen.first_time("c")
+    assert seen.first_time("a")  # forgotten after two newer ids
