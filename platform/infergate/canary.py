@@ -32,6 +32,7 @@ from infergate.stats import VersionCounters
 
 log = logging.getLogger(__name__)
 AUTO_CANARY_TAG = "infergate.auto_canary"
+LAST_ROLLOUT_TAG = "infergate.last_rollout"
 STATE_KEYS = [TAG_PREFIX + k for k in RolloutState.__dataclass_fields__]
 
 Stats = Callable[[], dict[str, VersionCounters]]
@@ -50,6 +51,7 @@ class Status:
     state: RolloutState | None
     policy: RolloutPolicy
     last_figures: dict[str, float]
+    last_rollout: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         state = self.state
@@ -65,6 +67,7 @@ class Status:
             "last_decision": state.last_decision if state else None,
             "last_reason": state.last_reason if state else None,
             "figures": self.last_figures,
+            "last_rollout": self.last_rollout,
         }
 
 
@@ -174,6 +177,8 @@ class Rollouts:
             self.registry.set_version_tags(
                 name, old, {"infergate.replaced_by": state.canary_version}
             )
+        summary = f"version {state.canary_version} promoted: {reason}"
+        self.registry.set_model_tags(name, {LAST_ROLLOUT_TAG: summary})
         self._log(name, Decision("promote", reason))
         return self.status(name)
 
@@ -187,6 +192,8 @@ class Rollouts:
             {"infergate.rolled_back_at": str(int(self.clock())),
              "infergate.rollback_reason": reason},
         )  # fmt: skip
+        summary = f"version {state.canary_version} rolled back: {reason}"
+        self.registry.set_model_tags(name, {LAST_ROLLOUT_TAG: summary})
         self._log(name, Decision("rollback", reason))
         return self.status(name)
 
@@ -199,6 +206,7 @@ class Rollouts:
             RolloutState.from_tags(model.tags) if CANARY in model.aliases else None,
             RolloutPolicy.from_tags(model.tags),
             self._figures.get(name, {}),
+            model.tags.get(LAST_ROLLOUT_TAG),
         )
 
     def _running(self, name: str) -> tuple[RegisteredModel, RolloutState]:

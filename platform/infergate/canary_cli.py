@@ -50,8 +50,13 @@ def _print_status(status: dict[str, Any]) -> None:
         )
         print(f"  mode {status['mode']}, step {step} (steps {steps})")
         print(f"  last decision: {status['last_decision']} ({status['last_reason']})")
-    for key, value in sorted(status.get("figures", {}).items()):
-        print(f"  {key:<20} {value:.4g}")
+    else:
+        print(f"  no canary; last rollout: {status.get('last_rollout') or 'none'}")
+    figures = status.get("figures") or {}
+    if status["canary"] and figures:
+        print("  analysis of the current step:")
+        for key, value in sorted(figures.items()):
+            print(f"    {key:<20} {value:.4g}")
 
 
 def cmd_start(args: argparse.Namespace) -> int:

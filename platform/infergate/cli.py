@@ -238,7 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # Our own progress at INFO; libraries (ONNX Runtime's quantiser, httpx) only warnings.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    log.setLevel(logging.INFO)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

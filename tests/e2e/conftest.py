@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from infergate.config import TritonSettings
@@ -97,3 +99,83 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningT
         yield triton
     finally:
         stop_process(triton.process)
+
+
+# -- the whole stack, once per test session ---------------------------------------------
+
+RECONCILE_INTERVAL_S = 10
+
+
+@dataclass(frozen=True)
+class Stack:
+    url: str
+    mlflow: str
+    admin: str
+    env: dict[str, str]
+    state_dir: Path
+
+    infergate: str = str(Path(sys.executable).with_name("infergate"))
+
+    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.infergate, *args, "--state-dir", str(self.state_dir)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+def stack_env(state_dir: Path) -> dict[str, str]:
+    names = ["MLFLOW__PORT", "TRITON__HTTP_PORT", "TRITON__GRPC_PORT", "TRITON__METRICS_PORT",
+             "SERVE__PORT", "SERVE__METRICS_EXPORT_PORT", "SERVE__HAPROXY_STATS_PORT",
+             "SERVE__HAPROXY_METRICS_PORT", "PROMETHEUS__PORT", "ADMIN__PORT"]  # fmt: skip
+    ports = free_ports(len(names))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.update({f"INFERGATE_{name}": str(port) for name, port in zip(names, ports, strict=True)})
+    env["INFERGATE_MLFLOW__STORE_DIR"] = str(state_dir / "store")
+    # Long enough that a change seen sooner must have come through the webhook.
+    env["INFERGATE_RECONCILE_INTERVAL_S"] = str(RECONCILE_INTERVAL_S)
+    return env
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    state_dir = tmp_path_factory.mktemp("stack")
+    env = stack_env(state_dir)
+    running = Stack(
+        url=f"http://127.0.0.1:{env['INFERGATE_SERVE__PORT']}",
+        mlflow=f"http://127.0.0.1:{env['INFERGATE_MLFLOW__PORT']}",
+        admin=f"http://127.0.0.1:{env['INFERGATE_ADMIN__PORT']}",
+        env=env,
+        state_dir=state_dir,
+    )
+    up = running.cli("up", "--demo", "--detach", timeout=1800)
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        yield running
+    finally:
+        down = running.cli("down", timeout=120)
+        assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture(scope="session")
+def http(stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        yield client
+
+
+def predict(http: httpx.Client, model: str, inputs, **kw) -> httpx.Response:
+    return http.post(f"/v1/models/{model}/predict", json={"inputs": inputs, **kw})
+
+
+def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.25):
+    """Poll until ``condition()`` is truthy; return its value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"{what} did not happen within {timeout_s} s")

@@ -3,86 +3,22 @@ Triton, Ray Serve and Prometheus, the demo models, registration over the CLI, an
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from conftest import free_ports
+from conftest import predict, wait_for
 from mlflow import MlflowClient
 
 from tiny_models import tiny_bert
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
-INFERGATE = str(Path(sys.executable).with_name("infergate"))
-
-
-@dataclass(frozen=True)
-class Stack:
-    url: str
-    mlflow: str
-    env: dict[str, str]
-    state_dir: Path
-
-    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [INFERGATE, *args, "--state-dir", str(self.state_dir)],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-
-def stack_env(state_dir: Path) -> dict[str, str]:
-    names = ["MLFLOW__PORT", "TRITON__HTTP_PORT", "TRITON__GRPC_PORT", "TRITON__METRICS_PORT",
-             "SERVE__PORT", "SERVE__METRICS_EXPORT_PORT", "SERVE__HAPROXY_STATS_PORT",
-             "SERVE__HAPROXY_METRICS_PORT", "PROMETHEUS__PORT"]  # fmt: skip
-    ports = free_ports(len(names))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    env.update({f"INFERGATE_{name}": str(port) for name, port in zip(names, ports, strict=True)})
-    env["INFERGATE_MLFLOW__STORE_DIR"] = str(state_dir / "store")
-    env["INFERGATE_RECONCILE_INTERVAL_S"] = "2"
-    return env
-
-
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    state_dir = tmp_path_factory.mktemp("stack")
-    env = stack_env(state_dir)
-    running = Stack(
-        url=f"http://127.0.0.1:{env['INFERGATE_SERVE__PORT']}",
-        mlflow=f"http://127.0.0.1:{env['INFERGATE_MLFLOW__PORT']}",
-        env=env,
-        state_dir=state_dir,
-    )
-    up = running.cli("up", "--demo", "--detach", timeout=1800)
-    assert up.returncode == 0, up.stderr[-3000:]
-    try:
-        yield running
-    finally:
-        down = running.cli("down", timeout=120)
-        assert down.returncode == 0, down.stderr
-
-
-@pytest.fixture(scope="session")
-def http(stack: Stack) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=stack.url, timeout=30) as client:
-        yield client
-
-
-def predict(http: httpx.Client, model: str, inputs, **kw) -> httpx.Response:
-    return http.post(f"/v1/models/{model}/predict", json={"inputs": inputs, **kw})
 
 
 # -- the demo models -------------------------------------------------------------------------
@@ -197,13 +133,11 @@ def test_service_is_intact_after_bad_requests(http):
 
 
 def wait_for_model(http: httpx.Client, name: str, timeout_s: float = 90) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        response = http.get(f"/v1/models/{name}")
-        if response.status_code == 200:
-            return response.json()
-        time.sleep(0.5)
-    raise AssertionError(f"{name} was not served within {timeout_s} s")
+    return wait_for(
+        lambda: (r := http.get(f"/v1/models/{name}")).status_code == 200 and r.json(),
+        timeout_s,
+        f"serving {name}",
+    )
 
 
 def test_registered_champion_goes_live(stack, http, tmp_path):
@@ -299,7 +233,7 @@ def test_prometheus_scrapes_triton(stack, http):
 def test_second_stack_on_busy_ports_fails_clearly(stack, tmp_path):
     env = {**stack.env, "INFERGATE_MLFLOW__STORE_DIR": str(tmp_path / "store")}
     result = subprocess.run(
-        [INFERGATE, "up", "--state-dir", str(tmp_path)], env=env, capture_output=True,
+        [stack.infergate, "up", "--state-dir", str(tmp_path)], env=env, capture_output=True,
         text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 1

@@ -1,0 +1,214 @@
+"""Canary rollouts on the real stack: the registry moves, the platform follows."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+import mlflow
+import pytest
+from conftest import RECONCILE_INTERVAL_S, Stack, wait_for
+from mlflow import MlflowClient
+
+from infergate.registry import Registry
+from tiny_models import tiny_bert
+
+pytestmark = pytest.mark.e2e
+MODEL = "rollout"
+
+
+@pytest.fixture(scope="module")
+def registry(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Registry:
+    """A model ``rollout`` with version 1 as champion, registered over the CLI."""
+    folder = tiny_bert(tmp_path_factory.mktemp("rollout") / "m", "text-classification")
+    result = stack.cli(
+        "register", str(folder), "--name", MODEL, "--task", "text-classification",
+        "--precision", "fp32", "--alias", "champion", "--quiet", "--tracking-uri", stack.mlflow,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return Registry(stack.mlflow)
+
+
+def new_version(registry: Registry, tmp_path: Path, *, corrupt: bool = False) -> str:
+    """Another version of ``rollout`` from version 1's files; optionally a broken ONNX."""
+    source = registry.version_source(MODEL, "1")
+    files = Path(mlflow.artifacts.download_artifacts(source, dst_path=str(tmp_path)))
+    if corrupt:
+        (files / "model.onnx").write_bytes(b"this is not an ONNX graph")
+    return registry.register(
+        MODEL, "text-classification", files, metrics={}, params={}, tags={"test": "yes"}
+    )
+
+
+def served_versions(http: httpx.Client) -> dict[str, dict]:
+    return {v["version"]: v for v in http.get(f"/v1/models/{MODEL}").json()["versions"]}
+
+
+def versions_of(http: httpx.Client, n: int, **headers: str) -> list[str]:
+    """Which version answered each of ``n`` requests."""
+    url = f"/v1/models/{MODEL}/predict"
+    responses = [http.post(url, json={"inputs": "good film"}, headers=headers) for _ in range(n)]
+    assert all(r.status_code == 200 for r in responses)
+    return [r.headers["x-model-version"] for r in responses]
+
+
+def aliases(stack: Stack) -> dict[str, str]:
+    return MlflowClient(stack.mlflow).get_registered_model(MODEL).aliases
+
+
+def end_rollout(stack: Stack) -> None:
+    if "canary" in aliases(stack):
+        assert stack.cli("canary", "rollback", MODEL).returncode == 0
+
+
+def admin(stack: Stack, *args: str) -> str:
+    result = stack.cli("canary", *args, "--admin-url", stack.admin)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_alias_set_in_mlflow_goes_live_through_the_webhook(stack, http, registry, tmp_path):
+    version = new_version(registry, tmp_path)
+    MlflowClient(stack.mlflow).set_registered_model_alias(MODEL, "canary", version)
+    # Well inside the reconcile interval: only the webhook can have brought it.
+    live = wait_for(lambda: version in served_versions(http), 4, "canary served")
+    assert live and RECONCILE_INTERVAL_S > 4
+    assert served_versions(http)[version] == {"version": version, "role": "canary", "weight": 10}
+    out = admin(stack, "rollback", MODEL, "--reason", "end of test")
+    assert "rolled back: end of test" in out
+    wait_for(lambda: version not in served_versions(http), 10, "canary removed")
+    tags = MlflowClient(stack.mlflow).get_model_version(MODEL, version).tags
+    assert tags["infergate.rollback_reason"] == "end of test"
+
+
+def test_without_webhooks_reconciliation_converges(stack, http, registry, tmp_path):
+    client = MlflowClient(stack.mlflow)
+    (hook,) = [w for w in client.list_webhooks() if w.name == "infergate"]
+    client.update_webhook(hook.webhook_id, status="DISABLED")
+    try:
+        version = new_version(registry, tmp_path)
+        client.set_registered_model_alias(MODEL, "canary", version)
+        wait_for(lambda: version in served_versions(http), RECONCILE_INTERVAL_S + 10, "reconcile")
+    finally:
+        client.update_webhook(hook.webhook_id, status="ACTIVE")
+        end_rollout(stack)
+
+
+def test_manual_split_sticky_keys_pinning_and_promotion(stack, http, registry, tmp_path):
+    version = new_version(registry, tmp_path)
+    admin(stack, "start", MODEL, "--version", version, "--weight", "30", "--manual")
+    picks = versions_of(http, 400)
+    share = picks.count(version) / len(picks)
+    assert 0.22 <= share <= 0.38, share
+
+    for key in (f"user-{i}" for i in range(20)):
+        assert len(set(versions_of(http, 3, **{"x-routing-key": key}))) == 1
+
+    assert set(versions_of(http, 5, **{"x-model-version": version})) == {version}
+    assert set(versions_of(http, 5, **{"x-model-version": "1"})) == {"1"}
+    unknown = http.post(
+        f"/v1/models/{MODEL}/predict", json={"inputs": "x"}, headers={"x-model-version": "99"}
+    )
+    assert unknown.status_code == 404 and "not served" in unknown.json()["error"]
+
+    admin(stack, "set-weight", MODEL, "60")
+    tags = MlflowClient(stack.mlflow).get_registered_model(MODEL).tags
+    assert tags["infergate.rollout.weight"] == "60" and tags["infergate.rollout.mode"] == "manual"
+    assert served_versions(http)[version]["weight"] == 60
+
+    status = admin(stack, "status", MODEL)
+    assert "canary    60%" in status and "champion  40%" in status
+
+    champion = aliases(stack)["champion"]
+    admin(stack, "promote", MODEL)
+    assert aliases(stack) == {"champion": version}
+    assert served_versions(http) == {version: {"version": version, "role": "champion",
+                                               "weight": 100}}  # fmt: skip
+    client = MlflowClient(stack.mlflow)
+    assert "infergate.promoted_at" in client.get_model_version(MODEL, version).tags
+    assert client.get_model_version(MODEL, champion).tags["infergate.replaced_by"] == version
+
+
+def test_commands_refuse_what_makes_no_sense(stack, registry, tmp_path):
+    for args, message in [
+        (("start", "nope", "--version", "1"), "not in the registry"),
+        (("start", MODEL, "--version", "999"), "has no version"),
+        (("set-weight", MODEL, "50"), "no canary"),
+        (("promote", MODEL), "no canary"),
+    ]:
+        result = stack.cli("canary", *args, "--admin-url", stack.admin)
+        assert result.returncode == 1 and message in result.stderr, (args, result.stderr)
+    version = new_version(registry, tmp_path)
+    admin(stack, "start", MODEL, "--version", version, "--manual", "--weight", "5")
+    try:
+        second = stack.cli("canary", "start", MODEL, "--version", version, "--admin-url",
+                           stack.admin)  # fmt: skip
+        assert second.returncode == 1 and "already a canary" in second.stderr
+        bad = stack.cli("canary", "set-weight", MODEL, "101", "--admin-url", stack.admin)
+        assert bad.returncode == 1 and "0..100" in bad.stderr
+    finally:
+        end_rollout(stack)
+
+
+def test_a_canary_triton_cannot_load_is_rolled_back_while_the_champion_answers(
+    stack, http, registry, tmp_path
+):
+    version = new_version(registry, tmp_path, corrupt=True)
+    failures: list[int] = []
+    done = threading.Event()
+
+    def champion_traffic() -> None:
+        with httpx.Client(base_url=stack.url, timeout=30) as client:
+            while not done.is_set():
+                response = client.post(f"/v1/models/{MODEL}/predict", json={"inputs": "fine"})
+                if response.status_code != 200:
+                    failures.append(response.status_code)
+
+    thread = threading.Thread(target=champion_traffic)
+    thread.start()
+    try:
+        MlflowClient(stack.mlflow).set_registered_model_alias(MODEL, "canary", version)
+        wait_for(lambda: "canary" not in aliases(stack), 30, "automatic rollback")
+    finally:
+        done.set()
+        thread.join()
+    tags = MlflowClient(stack.mlflow).get_model_version(MODEL, version).tags
+    assert "Triton could not load" in tags["infergate.rollback_reason"]
+    assert version not in served_versions(http)
+    assert failures == []
+    assert http.get("/readyz").status_code == 200
+
+
+def test_automatic_rollout_advances_and_promotes(stack, http, registry, tmp_path):
+    client = MlflowClient(stack.mlflow)
+    policy = {"steps": "50,100", "step_interval_s": "2", "min_requests": "10"}
+    for key, value in policy.items():
+        client.set_registered_model_tag(MODEL, f"infergate.rollout.policy.{key}", value)
+    version = new_version(registry, tmp_path)
+    admin(stack, "start", MODEL, "--version", version, "--auto")
+
+    def promoted() -> bool:
+        versions_of(http, 10)
+        return aliases(stack).get("champion") == version
+
+    wait_for(promoted, 90, "automatic promotion", interval_s=0.1)
+    assert "canary" not in aliases(stack)
+    last = client.get_registered_model(MODEL).tags["infergate.last_rollout"]
+    assert last == f"version {version} promoted: every step passed"
+
+
+def test_a_restart_resumes_the_rollout(stack, http, registry, tmp_path):
+    version = new_version(registry, tmp_path)
+    admin(stack, "start", MODEL, "--version", version, "--weight", "40", "--manual")
+    down = stack.cli("down", timeout=120)
+    assert down.returncode == 0, down.stderr
+    up = stack.cli("up", "--detach", timeout=600)
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        assert served_versions(http)[version] == {"version": version, "role": "canary",
+                                                  "weight": 40}  # fmt: skip
+        status = admin(stack, "status", MODEL)
+        assert "canary    40%" in status and "mode manual" in status
+    finally:
+        end_rollout(stack)

@@ -1,0 +1,74 @@
+"""The admin API's own rules: tokens, webhook signatures, duplicate deliveries, bodies.
+
+The rollout manager behind it is replaced by a recorder: what it does with the registry
+is covered end to end in tests/e2e/test_canary.py.
+"""
+
+import orjson
+import pytest
+from starlette.testclient import TestClient
+
+from infergate.admin import AdminApi
+from infergate.webhooks import sign
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def status(self, name):
+        self.calls.append(("status", name))
+        return type("S", (), {"to_dict": lambda self: {"model": name}})()
+
+    def on_version_created(self, name, version):
+        self.calls.append(("created", name, version))
+
+
+@pytest.fixture
+def api():
+    recorder, reconciles = Recorder(), []
+    admin = AdminApi(recorder, lambda: reconciles.append(1), token="t0k", webhook_secret="s",
+                     clock=lambda: 1000.0)  # fmt: skip
+    return TestClient(admin.app), recorder, reconciles
+
+
+def test_commands_need_the_token(api):
+    client, recorder, _ = api
+    assert client.get("/admin/models/m/rollout").status_code == 401
+    bad = client.get("/admin/models/m/rollout", headers={"authorization": "Bearer nope"})
+    assert bad.status_code == 401 and bad.json()["type"] == "unauthorized"
+    good = client.get("/admin/models/m/rollout", headers={"authorization": "Bearer t0k"})
+    assert good.json() == {"model": "m"} and recorder.calls == [("status", "m")]
+
+
+def test_bodies_are_checked(api):
+    client, _, _ = api
+    auth = {"authorization": "Bearer t0k"}
+    broken = client.post("/admin/models/m/canary", content=b"{", headers=auth)
+    assert broken.status_code == 400
+    unknown = client.post("/admin/models/m/canary", json={"versoin": "2"}, headers=auth)
+    assert unknown.status_code == 422 and "unknown field" in unknown.json()["error"]
+    wrong = client.post("/admin/models/m/canary/weight", json={"weight": "50"}, headers=auth)
+    assert wrong.status_code == 422
+
+
+def delivery(body: bytes, delivery_id: str = "d1", secret: str = "s") -> dict:
+    return {
+        "x-mlflow-signature": sign(secret, delivery_id, "1000", body),
+        "x-mlflow-delivery-id": delivery_id,
+        "x-mlflow-timestamp": "1000",
+        "content-type": "application/json",
+    }
+
+
+def test_webhooks_are_verified_deduplicated_and_reconcile(api):
+    client, recorder, reconciles = api
+    body = orjson.dumps({"entity": "model_version", "action": "created",
+                         "data": {"name": "m", "version": "3"}})  # fmt: skip
+    forged = client.post("/admin/webhooks/mlflow", content=body, headers=delivery(body, secret="x"))
+    assert forged.status_code == 401 and reconciles == []
+    first = client.post("/admin/webhooks/mlflow", content=body, headers=delivery(body))
+    assert first.json() == {"status": "accepted", "event": "model_version.created"}
+    again = client.post("/admin/webhooks/mlflow", content=body, headers=delivery(body))
+    assert again.json()["status"] == "duplicate"
+    assert recorder.calls == [("created", "m", "3")] and reconciles == [1]
