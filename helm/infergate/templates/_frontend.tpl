@@ -1,0 +1,69 @@
+{{/*
+The Ray Serve config of the front-end (RayService serveConfigV2). The application is built
+by infergate.serve_app:build_app from `args` (FrontendSettings of platform/infergate/config.py).
+The replicas learn what to serve from the control plane (control_plane_url), so a Ray cluster
+that KubeRay brings up afresh serves the current versions without anyone re-deploying it.
+The deployment options here override the ones in code.
+*/}}
+{{- define "infergate.serveConfig" -}}
+{{- $fe := .Values.frontend -}}
+proxy_location: EveryNode
+http_options:
+  host: 0.0.0.0
+  port: {{ include "infergate.servePort" . }}
+applications:
+  - name: infergate
+    import_path: infergate.serve_app:build_app
+    route_prefix: /
+    args:
+      default_model: {{ $fe.defaultModel | quote }}
+      max_texts_per_request: {{ $fe.maxTextsPerRequest }}
+      max_body_bytes: {{ $fe.maxBodyBytes | int64 }}
+      max_chars_per_text: {{ $fe.maxCharsPerText }}
+      triton_grpc_url: {{ include "infergate.tritonGrpcAddress" . | quote }}
+      triton_timeout_s: {{ $fe.tritonTimeoutS }}
+      tracking_uri: {{ include "infergate.mlflowUrl" . | quote }}
+      artifact_cache_dir: /tmp/infergate/artifacts
+      control_plane_url: {{ include "infergate.controlPlaneUrl" . | quote }}
+    deployments:
+      - name: frontend
+        max_ongoing_requests: {{ $fe.maxOngoingRequests }}
+        autoscaling_config:
+          min_replicas: {{ $fe.autoscaling.minReplicas }}
+          max_replicas: {{ $fe.autoscaling.maxReplicas }}
+          target_ongoing_requests: {{ $fe.autoscaling.targetOngoingRequests }}
+        ray_actor_options:
+          num_cpus: {{ $fe.replicaCpus }}
+{{- end }}
+
+{{/*
+Environment of every Ray container.
+*/}}
+{{- define "infergate.rayEnv" -}}
+{{- if .Values.frontend.fastIngress -}}
+# HAProxy ingress and throughput-optimised mode of Ray Serve.
+- name: RAY_SERVE_ENABLE_HA_PROXY
+  value: "1"
+- name: RAY_SERVE_THROUGHPUT_OPTIMIZED
+  value: "1"
+- name: RAY_SERVE_HAPROXY_METRICS_PORT
+  value: {{ .Values.frontend.haproxyMetricsPort | quote }}
+{{- else }}
+[]
+{{- end }}
+{{- end }}
+
+{{/*
+Ports every Ray pod serves: Serve's HTTP ingress (a proxy on every node), Ray's metrics agent
+and HAProxy's metrics. Prometheus finds its targets by these port numbers.
+*/}}
+{{- define "infergate.rayPorts" -}}
+- name: serve
+  containerPort: {{ include "infergate.servePort" . }}
+- name: metrics
+  containerPort: {{ .Values.ray.metricsExportPort }}
+{{- if .Values.frontend.fastIngress }}
+- name: haproxy-metrics
+  containerPort: {{ .Values.frontend.haproxyMetricsPort }}
+{{- end }}
+{{- end }}
