@@ -35,6 +35,7 @@ class Monitors:
         self.windows: dict[tuple[str, str], DriftWindow] = {}
         self.counters: dict[str, VersionCounters] = {}
         self._published_at = float("-inf")
+        self._published: dict[tuple[str, str], set[tuple[str, str]]] = {}
 
     def record(
         self,
@@ -64,7 +65,12 @@ class Monitors:
     def publish(self) -> None:
         for (model, version), window in self.windows.items():
             scores = window.scores()
-            if scores:
-                self.telemetry.drift(model, version, scores)
+            published = self._published.setdefault((model, version), set())
+            # A drained window has no scores: publish NaN (no data) rather than leave the
+            # last values standing, which would keep a drift alert firing on old traffic.
+            stale = {key: float("nan") for key in published - set(scores)}
+            if scores or stale:
+                self.telemetry.drift(model, version, {**scores, **stale})
+            published |= set(scores)
         if self.reporter is not None:
             self.reporter({key: c.to_dict() for key, c in self.counters.items()})
