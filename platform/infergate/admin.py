@@ -52,6 +52,7 @@ class AdminApi:
         rollouts: Rollouts,
         reconcile: Callable[[], None],
         *,
+        request_reconcile: Callable[[], None] | None = None,
         token: str | None,
         webhook_secret: str,
         lock: threading.RLock | None = None,
@@ -59,6 +60,9 @@ class AdminApi:
     ) -> None:
         self.rollouts = rollouts
         self.reconcile = reconcile
+        # Webhooks only ask for a reconcile and answer at once: MLflow times deliveries
+        # out and retries them, and a reconcile can take seconds (Triton loads a model).
+        self.request_reconcile = request_reconcile or reconcile
         self.token = token
         self.webhook_secret = webhook_secret
         self.clock = clock
@@ -67,7 +71,7 @@ class AdminApi:
         self._lock = lock or threading.RLock()
         model = "/admin/models/{name}"
         routes = [
-            ("/admin/webhooks/mlflow", self._wrap(self.webhook, auth=False), "POST"),
+            ("/admin/webhooks/mlflow", self._wrap(self.webhook, auth=False, locked=False), "POST"),
             (model + "/rollout", self._wrap(self.status), "GET"),
             (model + "/canary", self._wrap(self.start), "POST"),
             (model + "/canary/weight", self._wrap(self.weight), "POST"),
@@ -76,7 +80,9 @@ class AdminApi:
         ]
         self.app = Starlette(routes=[Route(p, e, methods=[m]) for p, e, m in routes])
 
-    def _wrap(self, handler: Callable[..., Any], *, auth: bool = True) -> Callable[..., Any]:
+    def _wrap(
+        self, handler: Callable[..., Any], *, auth: bool = True, locked: bool = True
+    ) -> Callable[..., Any]:
         async def endpoint(request: Request) -> Response:
             try:
                 if auth:
@@ -85,7 +91,10 @@ class AdminApi:
                 # Registry calls block: run them off the event loop, one command at a time.
                 from starlette.concurrency import run_in_threadpool
 
-                result = await run_in_threadpool(self._locked, handler, request, body)
+                if locked:
+                    result = await run_in_threadpool(self._locked, handler, request, body)
+                else:
+                    result = await run_in_threadpool(handler, request, body)
                 return json_response(result)
             except InfergateError as error:
                 return error_response(error)
@@ -114,11 +123,12 @@ class AdminApi:
             return {"status": "duplicate", "delivery_id": event.delivery_id}
         log.info("webhook %s %s", event.name, event.data)
         if event.name == "model_version.created":
-            self.rollouts.on_version_created(
-                str(event.data.get("name")), str(event.data.get("version"))
-            )
+            with self._lock:
+                self.rollouts.on_version_created(
+                    str(event.data.get("name")), str(event.data.get("version"))
+                )
         if event.name in ALIAS_EVENTS or event.name == "model_version.created":
-            self.reconcile()
+            self.request_reconcile()
         return {"status": "accepted", "event": event.name}
 
     def status(self, request: Request, body: bytes) -> dict[str, Any]:

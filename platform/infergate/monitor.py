@@ -3,7 +3,8 @@
 - drift of live traffic against the registration reference, published as gauges;
 - request counters (``infergate.stats``) that the control plane's canary analysis reads.
 
-Both are published at most once per ``publish_interval_s``, off the request's own work.
+Drift gauges are published at most once per ``publish_interval_s``; the counters are
+read by the replica's sync loop.
 """
 
 from __future__ import annotations
@@ -16,20 +17,16 @@ from infergate.runtime import ModelRuntime, Prediction
 from infergate.stats import VersionCounters
 from infergate.telemetry import Telemetry
 
-Reporter = Callable[[dict[str, dict]], None]
-
 
 class Monitors:
     def __init__(
         self,
         telemetry: Telemetry,
         *,
-        reporter: Reporter | None = None,
         publish_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.telemetry = telemetry
-        self.reporter = reporter
         self.publish_interval_s = publish_interval_s
         self.clock = clock
         self.windows: dict[tuple[str, str], DriftWindow] = {}
@@ -72,5 +69,3 @@ class Monitors:
             if scores or stale:
                 self.telemetry.drift(model, version, {**scores, **stale})
             published |= set(scores)
-        if self.reporter is not None:
-            self.reporter({key: c.to_dict() for key, c in self.counters.items()})

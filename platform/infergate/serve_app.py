@@ -1,13 +1,20 @@
-"""The Ray Serve deployment hosting the front-end.
+"""The Ray Serve deployment hosting the front-end, and the actor it shares with the
+control plane.
 
-Replicas scale with Ray Serve autoscaling, apart from Triton. What they serve
-arrives as ``user_config`` so a new traffic table reaches running replicas through
-``reconfigure`` without a restart.
+Replicas scale with Ray Serve autoscaling, apart from Triton. The traffic table (which
+versions, which weights) is published by the control plane to the ``ControlState``
+actor and pulled by every replica twice a second. Re-deploying the application for a
+table change would restart the replicas (Ray Serve gives every imperative deploy a
+new code version) and wait out their drain period, ~35 s with the HAProxy ingress.
+Replicas report back the table they run and their per-version counters, which is how
+the control plane knows a change is live before unloading old versions from Triton.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import Any
 
 import ray
@@ -26,28 +33,48 @@ from infergate.triton.client import TritonBackend
 
 log = logging.getLogger(__name__)
 APP_NAME = "infergate"
-STATS_ACTOR = "infergate-stats"
-STATS_NAMESPACE = "infergate"
+STATE_ACTOR = "infergate-control"
+STATE_NAMESPACE = "infergate"
+POLL_INTERVAL_S = 0.5
+REPORT_INTERVAL_S = 1.0
+REPLICA_SILENT_AFTER_S = 10.0  # a replica not heard from for this long is gone
 
 
 @ray.remote(num_cpus=0)
-class StatsCollector:
-    """Holds each replica's latest cumulative per-version counters for canary analysis."""
+class ControlState:
+    """The traffic table the control plane published, and what each replica reports."""
 
     def __init__(self) -> None:
-        self.reports: dict[str, dict[str, dict]] = {}
+        self.version = 0
+        self.served: list[dict[str, Any]] = []
+        self.reports: dict[str, tuple[float, int, dict[str, dict]]] = {}
 
-    def report(self, replica: str, counters: dict[str, dict]) -> None:
-        self.reports[replica] = counters
+    def publish(self, served: list[dict[str, Any]]) -> int:
+        self.version += 1
+        self.served = served
+        return self.version
+
+    def table(self, known: int) -> tuple[int, list[dict[str, Any]]] | None:
+        """The table if it is newer than ``known``; None otherwise (the common case)."""
+        return (self.version, self.served) if self.version > known else None
+
+    def report(self, replica: str, table_version: int, counters: dict[str, dict]) -> None:
+        self.reports[replica] = (time.monotonic(), table_version, counters)
 
     def snapshot(self) -> list[dict[str, dict]]:
-        return list(self.reports.values())
+        return [counters for _, _, counters in self.reports.values()]
+
+    def adopted(self, version: int) -> bool:
+        """Every replica heard from lately runs ``version`` (or a newer table)."""
+        now = time.monotonic()
+        live = [v for seen, v, _ in self.reports.values() if now - seen < REPLICA_SILENT_AFTER_S]
+        return all(v >= version for v in live)
 
 
-def stats_collector() -> ray.actor.ActorHandle:
-    """The cluster's collector, created on first use."""
-    return StatsCollector.options(
-        name=STATS_ACTOR, namespace=STATS_NAMESPACE, lifetime="detached", get_if_exists=True
+def control_state() -> ray.actor.ActorHandle:
+    """The cluster's ``ControlState``, created on first use."""
+    return ControlState.options(
+        name=STATE_ACTOR, namespace=STATE_NAMESPACE, lifetime="detached", get_if_exists=True
     ).remote()
 
 
@@ -55,25 +82,30 @@ def stats_collector() -> ray.actor.ActorHandle:
 class FrontendDeployment:
     """Tokenizes, calls Triton over gRPC, post-processes; one instance per replica."""
 
-    def __init__(self) -> None:
+    async def __init__(self) -> None:
+        self._settings: FrontendSettings | None = None
         self._frontend: Frontend | None = None
         self._backend: TritonBackend | None = None
         self._loaded: dict[tuple[str, str], ModelRuntime] = {}
+        self._served: list[ServedVersion] = []
+        self._table_version = 0
         self._telemetry = RayTelemetry()
-        self._collector = stats_collector()
+        self._state = control_state()
         self._replica = serve.get_replica_context().replica_id.unique_id
-        self._monitors = Monitors(self._telemetry, reporter=self._report)
-
-    def _report(self, counters: dict[str, dict]) -> None:
-        # Fire and forget: the request never waits for the collector.
-        self._collector.report.remote(self._replica, counters)
+        self._monitors = Monitors(self._telemetry)
+        self._sync_task = asyncio.get_running_loop().create_task(self._sync())
 
     def reconfigure(self, config: dict[str, Any]) -> None:
-        settings = FrontendSettings.model_validate(config["settings"])
-        served = [ServedVersion(**entry) for entry in config["served"]]
-        registry = Registry(settings.tracking_uri)
-        if self._backend is None or self._backend.url != settings.triton_grpc_url:
-            self._backend = TritonBackend(settings.triton_grpc_url, settings.triton_timeout_s)
+        self._settings = FrontendSettings.model_validate(config["settings"])
+        url, timeout = self._settings.triton_grpc_url, self._settings.triton_timeout_s
+        if self._backend is None or self._backend.url != url:
+            self._backend = TritonBackend(url, timeout)
+        self._apply(self._served)
+
+    def _apply(self, served: list[ServedVersion]) -> None:
+        """Build the front-end for ``served``, reusing versions already loaded."""
+        assert self._settings is not None and self._backend is not None
+        registry = Registry(self._settings.tracking_uri)
         loaded: dict[tuple[str, str], ModelRuntime] = {}
         grouped: dict[str, list[ModelRuntime]] = {}
         for version in served:
@@ -82,38 +114,61 @@ class FrontendDeployment:
             runtime = (
                 known.with_served(version)
                 if known
-                else ModelRuntime.load(version, registry, settings.artifact_cache_dir)
+                else ModelRuntime.load(version, registry, self._settings.artifact_cache_dir)
             )
             loaded[key] = runtime
             grouped.setdefault(version.name, []).append(runtime)
-        self._loaded = loaded
+            self._telemetry.weight(version.name, version.version, version.role, version.weight)
         models = {
             name: ServedModel(name, runtimes[0].spec.task, tuple(runtimes))
             for name, runtimes in grouped.items()
         }
-        for version in served:
-            self._telemetry.weight(version.name, version.version, version.role, version.weight)
         self._frontend = Frontend(
-            settings, self._backend, models, telemetry=self._telemetry, monitors=self._monitors
-        )
-        log.info("serving %s", ", ".join(f"{v.name} v{v.version}" for v in served) or "nothing")
+            self._settings, self._backend, models, telemetry=self._telemetry,
+            monitors=self._monitors,
+        )  # fmt: skip
+        self._loaded, self._served = loaded, served
+
+    async def _sync(self) -> None:
+        """Pull new traffic tables; report the table in use and the counters."""
+        reported_at = 0.0
+        while True:
+            if self._settings is None:  # reconfigure has not run yet
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                update = await self._state.table.remote(self._table_version)
+                if update is not None:
+                    version, entries = update
+                    served = [ServedVersion(**entry) for entry in entries]
+                    # Downloading a tokenizer blocks: keep the event loop serving.
+                    await asyncio.to_thread(self._apply, served)
+                    self._table_version = version
+                    log.info("table %d: %s", version, [f"{v.name} v{v.version}" for v in served])
+                    reported_at = 0.0
+                if time.monotonic() - reported_at >= REPORT_INTERVAL_S:
+                    reported_at = time.monotonic()
+                    counters = {k: c.to_dict() for k, c in self._monitors.counters.items()}
+                    self._state.report.remote(self._replica, self._table_version, counters)
+            except Exception:  # the actor restarting, a registry hiccup: try again
+                log.exception("syncing the traffic table failed")
+            await asyncio.sleep(POLL_INTERVAL_S)
 
     async def __call__(self, request: Request) -> Response:
         if self._frontend is None:
             return error_response(BackendUnavailable("the front-end is still starting"))
         return await self._frontend.handle(request)
 
+    def check_health(self) -> None:
+        if self._sync_task.done():
+            raise RuntimeError("the traffic table sync stopped")
 
-def frontend_app(
-    settings: FrontendSettings, served: list[ServedVersion], serve_settings: ServeSettings
-) -> serve.Application:
+
+def frontend_app(settings: FrontendSettings, serve_settings: ServeSettings) -> serve.Application:
     """The front-end application, ready for ``serve.run``."""
     autoscaling = serve_settings.autoscaling
     return FrontendDeployment.options(
-        user_config={
-            "settings": settings.model_dump(mode="json"),
-            "served": [v.to_dict() for v in served],
-        },
+        user_config={"settings": settings.model_dump(mode="json")},
         max_ongoing_requests=serve_settings.max_ongoing_requests,
         autoscaling_config={
             "min_replicas": autoscaling.min_replicas,
@@ -122,4 +177,14 @@ def frontend_app(
         },
         # Half a CPU each: two replicas and Ray's own actors still fit on a 2-core box.
         ray_actor_options={"num_cpus": 0.5},
+    ).bind()
+
+
+def build_app(args: dict[str, Any]) -> serve.Application:
+    """Application builder for Serve config files (``import_path:
+    infergate.serve_app:build_app``), as KubeRay's RayService uses: ``args`` are
+    ``FrontendSettings`` fields. Scaling comes from the config's ``deployments`` section."""
+    settings = FrontendSettings.model_validate(args)
+    return FrontendDeployment.options(
+        user_config={"settings": settings.model_dump(mode="json")}
     ).bind()

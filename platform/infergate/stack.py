@@ -86,7 +86,9 @@ class Stack:
         self.rollouts: Rollouts | None = None
         self.admin: AdminServer | None = None
         self._serve_started = False
+        self._app_deployed = False
         self._reconcile_lock = threading.RLock()
+        self._wake = threading.Event()  # set by webhooks: reconcile now
         self._decisions: Any = None
 
     # -- start -------------------------------------------------------------------------
@@ -192,15 +194,15 @@ class Stack:
         self._serve_started = True
 
     def _start_control_plane(self) -> None:
-        from infergate.serve_app import stats_collector
+        from infergate.serve_app import control_state
 
         a, t = self.config.admin, self.config.triton
-        collector = stats_collector()
+        self.control_state = control_state()
 
         def stats() -> dict[str, VersionCounters]:
             import ray
 
-            return merge_reports(ray.get(collector.snapshot.remote(), timeout=10))
+            return merge_reports(ray.get(self.control_state.snapshot.remote(), timeout=10))
 
         self.rollouts = Rollouts(self.registry, stats, on_decision=self._count_decision)
         self.control_plane = ControlPlane(
@@ -220,6 +222,7 @@ class Stack:
             token=a.token,
             webhook_secret=secret,
             lock=self._reconcile_lock,
+            request_reconcile=self._wake.set,
         )
         self.admin = AdminServer(api.app, a.host, a.port)
         self.admin.start()
@@ -242,12 +245,24 @@ class Stack:
             self.rollouts.rollback(version.name, f"Triton could not load it: {reason}")
 
     def _deploy(self, served: list[ServedVersion]) -> None:
+        """Publish the traffic table; wait until every front-end replica runs it."""
+        import ray
         from ray import serve
 
         from infergate.serve_app import APP_NAME, frontend_app
 
-        app = frontend_app(self.config.frontend_settings(), served, self.config.serve)
-        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        version = ray.get(self.control_state.publish.remote([v.to_dict() for v in served]))
+        if not self._app_deployed:
+            app = frontend_app(self.config.frontend_settings(), self.config.serve)
+            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+            self._app_deployed = True
+        # Old versions are unloaded from Triton after this: no replica may still use them.
+        wait_until(
+            None,
+            lambda: ray.get(self.control_state.adopted.remote(version), timeout=5),
+            30,
+            f"front-end replicas adopting traffic table {version}",
+        )
 
     def _prometheus_binary(self) -> str | None:
         p = self.config.prometheus
@@ -333,7 +348,8 @@ class Stack:
                         decisions = self.rollouts.tick()
                     if decisions:
                         self.reconcile()
-                if now >= next_reconcile:
+                if now >= next_reconcile or self._wake.is_set():
+                    self._wake.clear()
                     next_reconcile = now + reconcile_every
                     self.reconcile()
             except Exception:  # the registry may be briefly unreachable; try next time
@@ -344,7 +360,7 @@ class Stack:
                         f"{child.name} exited with code {child.popen.returncode}; "
                         f"last lines of {child.log_path}:\n{child.log_tail()}"
                     )
-            time.sleep(0.5)
+            self._wake.wait(0.5)
 
     # -- stop --------------------------------------------------------------------------
 

@@ -103,7 +103,7 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningT
 
 # -- the whole stack, once per test session ---------------------------------------------
 
-RECONCILE_INTERVAL_S = 10
+RECONCILE_INTERVAL_S = 30
 
 
 @dataclass(frozen=True)

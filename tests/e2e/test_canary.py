@@ -33,7 +33,11 @@ def registry(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Registry
 def new_version(registry: Registry, tmp_path: Path, *, corrupt: bool = False) -> str:
     """Another version of ``rollout`` from version 1's files; optionally a broken ONNX."""
     source = registry.version_source(MODEL, "1")
-    files = Path(mlflow.artifacts.download_artifacts(source, dst_path=str(tmp_path)))
+    files = Path(
+        mlflow.artifacts.download_artifacts(
+            source, dst_path=str(tmp_path), tracking_uri=registry.tracking_uri
+        )
+    )
     if corrupt:
         (files / "model.onnx").write_bytes(b"this is not an ONNX graph")
     return registry.register(
@@ -72,8 +76,8 @@ def test_alias_set_in_mlflow_goes_live_through_the_webhook(stack, http, registry
     version = new_version(registry, tmp_path)
     MlflowClient(stack.mlflow).set_registered_model_alias(MODEL, "canary", version)
     # Well inside the reconcile interval: only the webhook can have brought it.
-    live = wait_for(lambda: version in served_versions(http), 4, "canary served")
-    assert live and RECONCILE_INTERVAL_S > 4
+    live = wait_for(lambda: version in served_versions(http), 15, "canary served")
+    assert live and RECONCILE_INTERVAL_S > 15
     assert served_versions(http)[version] == {"version": version, "role": "canary", "weight": 10}
     out = admin(stack, "rollback", MODEL, "--reason", "end of test")
     assert "rolled back: end of test" in out
@@ -89,7 +93,7 @@ def test_without_webhooks_reconciliation_converges(stack, http, registry, tmp_pa
     try:
         version = new_version(registry, tmp_path)
         client.set_registered_model_alias(MODEL, "canary", version)
-        wait_for(lambda: version in served_versions(http), RECONCILE_INTERVAL_S + 10, "reconcile")
+        wait_for(lambda: version in served_versions(http), RECONCILE_INTERVAL_S + 15, "reconcile")
     finally:
         client.update_webhook(hook.webhook_id, status="ACTIVE")
         end_rollout(stack)
