@@ -164,14 +164,11 @@ class Rollouts:
     def promote(self, name: str, reason: str = "promoted by hand") -> Status:
         model, state = self._running(name)
         old = model.aliases.get(CHAMPION)
-        now = str(int(self.clock()))
-        self.registry.set_alias(name, CHAMPION, state.canary_version)
-        self.registry.delete_alias(name, CANARY)
-        self.registry.delete_model_tags(name, STATE_KEYS)
+        # The record first: whoever sees the aliases move also finds why.
         self.registry.set_version_tags(
             name,
             state.canary_version,
-            {"infergate.promoted_at": now, "infergate.promoted_reason": reason},
+            {"infergate.promoted_at": str(int(self.clock())), "infergate.promoted_reason": reason},
         )
         if old is not None:
             self.registry.set_version_tags(
@@ -179,13 +176,15 @@ class Rollouts:
             )
         summary = f"version {state.canary_version} promoted: {reason}"
         self.registry.set_model_tags(name, {LAST_ROLLOUT_TAG: summary})
+        self.registry.set_alias(name, CHAMPION, state.canary_version)
+        self.registry.delete_alias(name, CANARY)
+        self.registry.delete_model_tags(name, STATE_KEYS)
         self._log(name, Decision("promote", reason))
         return self.status(name)
 
     def rollback(self, name: str, reason: str = "rolled back by hand") -> Status:
         _, state = self._running(name)
-        self.registry.delete_alias(name, CANARY)
-        self.registry.delete_model_tags(name, STATE_KEYS)
+        # The record first: whoever sees the alias gone also finds why.
         self.registry.set_version_tags(
             name,
             state.canary_version,
@@ -194,6 +193,8 @@ class Rollouts:
         )  # fmt: skip
         summary = f"version {state.canary_version} rolled back: {reason}"
         self.registry.set_model_tags(name, {LAST_ROLLOUT_TAG: summary})
+        self.registry.delete_alias(name, CANARY)
+        self.registry.delete_model_tags(name, STATE_KEYS)
         self._log(name, Decision("rollback", reason))
         return self.status(name)
 

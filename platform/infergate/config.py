@@ -103,6 +103,12 @@ class ServeSettings(Frozen):
     fast_ingress: bool = Field(
         True, description="Use Ray Serve's HAProxy ingress and throughput-optimised mode."
     )
+    external: bool = Field(
+        False,
+        description="Ray Serve runs elsewhere (e.g. a KubeRay RayService that deploys "
+        "infergate.serve_app:build_app): join that cluster through RAY_ADDRESS and only "
+        "publish traffic tables to it.",
+    )
     max_ongoing_requests: int = Field(256, ge=1, description="Per front-end replica.")
     metrics_export_port: int = Field(8103, description="Port of Ray's metrics exporter.")
     haproxy_stats_port: int = Field(8404, description="HAProxy ingress stats page.")
@@ -129,11 +135,14 @@ class AdminSettings(Frozen):
         None, description="HMAC secret of MLflow webhooks; a random one per start if unset."
     )
     webhooks: bool = Field(True, description="Register an MLflow webhook on start.")
+    public_url: str | None = Field(
+        None, description="Where MLflow reaches the admin API, if not at host:port."
+    )
     analysis_interval_s: float = Field(2.0, gt=0, description="How often rollouts are analysed.")
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return self.public_url or f"http://{self.host}:{self.port}"
 
 
 class StackConfig(Frozen):

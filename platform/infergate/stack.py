@@ -27,7 +27,7 @@ from infergate.config import PROJECT_ROOT, StackConfig
 from infergate.controlplane import ControlPlane
 from infergate.errors import StackError
 from infergate.metrics import ROLLOUT_DECISIONS
-from infergate.processes import Child, check_ports, spawn, wait_until
+from infergate.processes import Child, check_ports, port_free, spawn, wait_until
 from infergate.registry import CANARY, Registry, ServedVersion
 from infergate.stats import VersionCounters, merge_reports
 from infergate.triton.client import TritonControl
@@ -113,14 +113,15 @@ class Stack:
                 c.triton.metrics_port,
                 "INFERGATE_TRITON__METRICS_PORT",
             ),
-            "Ray Serve HTTP": (c.serve.host, c.serve.port, "INFERGATE_SERVE__PORT"),
-            "Ray metrics": (
+        }
+        if not c.serve.external:
+            ports["Ray Serve HTTP"] = (c.serve.host, c.serve.port, "INFERGATE_SERVE__PORT")
+            ports["Ray metrics"] = (
                 "127.0.0.1",
                 c.serve.metrics_export_port,
                 "INFERGATE_SERVE__METRICS_EXPORT_PORT",
-            ),
-        }
-        if c.serve.fast_ingress:
+            )
+        if c.serve.fast_ingress and not c.serve.external:
             ports["HAProxy stats"] = (
                 "0.0.0.0",
                 c.serve.haproxy_stats_port,
@@ -179,6 +180,11 @@ class Stack:
         from ray import serve
 
         s = self.config.serve
+        if s.external:
+            # Ray's own RAY_ADDRESS (e.g. ray://head:10001) says which cluster to join.
+            ray.init(logging_level=logging.WARNING, log_to_driver=False)
+            self._serve_started, self._app_deployed = True, True
+            return
         if s.fast_ingress:
             os.environ.update(FAST_INGRESS_ENV)
             os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(s.haproxy_stats_port)
@@ -228,6 +234,17 @@ class Stack:
         self.admin.start()
         if a.webhooks:
             register_webhook(self.registry, f"{a.url}/admin/webhooks/mlflow", secret)
+
+    def _wait_ray_ports_released(self, timeout_s: float = 20.0) -> None:
+        """Ray's agents outlive ``ray.shutdown()`` by a moment; `down` returns (and a new
+        `up` may bind) only once their ports are free."""
+        s = self.config.serve
+        ports = [(s.host, s.port), ("127.0.0.1", s.metrics_export_port)]
+        if s.fast_ingress:
+            ports += [("0.0.0.0", s.haproxy_stats_port), ("0.0.0.0", s.haproxy_metrics_port)]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not all(port_free(h, p) for h, p in ports):
+            time.sleep(0.2)
 
     def _count_decision(self, model: str, action: str) -> None:
         from ray.util.metrics import Counter
@@ -373,10 +390,13 @@ class Stack:
             from ray import serve
 
             try:
-                serve.shutdown()
+                if not self.config.serve.external:  # KubeRay owns an external Serve app
+                    serve.shutdown()
             finally:
                 ray.shutdown()
             self._serve_started = False
+            if not self.config.serve.external:
+                self._wait_ray_ports_released()
         for child in reversed(self.children):
             child.stop()
         self.children.clear()

@@ -33,10 +33,8 @@ PENDING_SETTINGS = {
     "INFERGATE_TRITON__EXTERNAL_HOST",
     "INFERGATE_TRITON__REPOSITORY_DIR",
     "INFERGATE_TRITON__BACKEND",
-    "INFERGATE_SERVE__EXTERNAL",
-    "INFERGATE_ADMIN__PUBLIC_URL",
 }
-PENDING_FRONTEND_ARGS = {"control_plane_url"}
+PENDING_FRONTEND_ARGS: set[str] = set()
 
 
 # -- Compose's variable interpolation (https://docs.docker.com/compose/how-tos/environment-
@@ -268,8 +266,10 @@ def test_serve_config_is_valid_and_matches_the_helm_chart(compose):
     args = app["args"]
     services = compose["services"]
     assert args["triton_grpc_url"].split(":")[0] in services
-    for url in (args["tracking_uri"], args["control_plane_url"]):
-        assert urlsplit(url).hostname in services, url
+    assert urlsplit(args["tracking_uri"]).hostname in services
+    # The control plane publishes traffic tables into the Ray cluster as a Ray client.
+    ray_address = services["control-plane"]["environment"]["RAY_ADDRESS"]
+    assert urlsplit(ray_address).hostname == "ray-head"
     assert set(args) - set(FrontendSettings.model_fields) == PENDING_FRONTEND_ARGS
     ray_head = services["ray-head"]
     assert {"source": "serve", "target": "/etc/infergate/serve.yaml"} in ray_head["configs"]

@@ -36,10 +36,8 @@ PENDING_SETTINGS = {
     "INFERGATE_TRITON__EXTERNAL_HOST",
     "INFERGATE_TRITON__REPOSITORY_DIR",
     "INFERGATE_TRITON__BACKEND",
-    "INFERGATE_SERVE__EXTERNAL",
-    "INFERGATE_ADMIN__PUBLIC_URL",
 }
-PENDING_FRONTEND_ARGS = {"control_plane_url"}
+PENDING_FRONTEND_ARGS: set[str] = set()
 
 # Value sets the chart is rendered with: the defaults and each toggle.
 SCENARIOS: dict[str, dict[str, Any]] = {

@@ -1,8 +1,9 @@
 {{/*
 The Ray Serve config of the front-end (RayService serveConfigV2). The application is built
 by infergate.serve_app:build_app from `args` (FrontendSettings of platform/infergate/config.py).
-The replicas learn what to serve from the control plane (control_plane_url), so a Ray cluster
-that KubeRay brings up afresh serves the current versions without anyone re-deploying it.
+The replicas learn what to serve from the ControlState actor that the control plane (a Ray
+client of this cluster) publishes to, so a Ray cluster that KubeRay brings up afresh serves
+the current versions once the control plane reconnects, without anyone re-deploying it.
 The deployment options here override the ones in code.
 */}}
 {{- define "infergate.serveConfig" -}}
@@ -24,7 +25,6 @@ applications:
       triton_timeout_s: {{ $fe.tritonTimeoutS }}
       tracking_uri: {{ include "infergate.mlflowUrl" . | quote }}
       artifact_cache_dir: /tmp/infergate/artifacts
-      control_plane_url: {{ include "infergate.controlPlaneUrl" . | quote }}
     deployments:
       - name: frontend
         max_ongoing_requests: {{ $fe.maxOngoingRequests }}
