@@ -186,7 +186,7 @@ def test_a_canary_triton_cannot_load_is_rolled_back_while_the_champion_answers(
 
 def test_automatic_rollout_advances_and_promotes(stack, http, registry, tmp_path):
     client = MlflowClient(stack.mlflow)
-    policy = {"steps": "50,100", "step_interval_s": "2", "min_requests": "10"}
+    policy = {"steps": "50,100", "step_interval_s": "2", "min_requests": "30"}
     for key, value in policy.items():
         client.set_registered_model_tag(MODEL, f"infergate.rollout.policy.{key}", value)
     version = new_version(registry, tmp_path)

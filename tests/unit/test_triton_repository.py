@@ -114,6 +114,9 @@ def test_write_and_remove_model(tmp_path: Path) -> None:
         "1/model.onnx",
         "1/model.py",
         "config.pbtxt",
+        "warmup",
+        "warmup/attention_mask",
+        "warmup/input_ids",
     ]
     assert parse((model_dir / "config.pbtxt").read_text()).output[0].name == "logits"
     backend_source = resources.files("infergate.triton").joinpath("backend_model.py")

@@ -20,6 +20,7 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -29,6 +30,13 @@ INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAMES = ("embeddings", "logits")
 MODEL_VERSION_DIR = "1"
 ORT_THREADS_PARAMETER = "ort_intra_op_threads"
+WARMUP_COUNT = 3
+WARMUP_TOKENS = 16
+# Token id 1 exists in every vocabulary; with a full mask it is an ordinary sentence.
+WARMUP_DATA = {
+    "input_ids": np.ones(WARMUP_TOKENS, dtype=np.int64),
+    "attention_mask": np.ones(WARMUP_TOKENS, dtype=np.int64),
+}
 
 # Folder names that are safe on every filesystem and in URLs (/v2/models/<name>/infer).
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -87,6 +95,21 @@ def build_config(
         instance_group=[mc.ModelInstanceGroup(count=settings.instance_count, kind=kind)],
     )
     config.parameters[ORT_THREADS_PARAMETER].string_value = str(settings.ort_intra_op_threads)
+    # Triton runs these requests before it reports the model ready, so the first real
+    # requests (and a canary's first latency figures) do not pay ONNX Runtime's cold start.
+    config.model_warmup.append(
+        mc.ModelWarmup(
+            name="warmup",
+            batch_size=1,
+            count=WARMUP_COUNT,
+            inputs={
+                name: mc.ModelWarmup.Input(
+                    data_type=mc.TYPE_INT64, dims=[WARMUP_TOKENS], input_data_file=name
+                )
+                for name in INPUT_NAMES
+            },
+        )
+    )
     return config
 
 
@@ -122,6 +145,9 @@ def write_model(
     backend_source = resources.files("infergate.triton").joinpath("backend_model.py")
     _write_atomically(version_dir / "model.py", backend_source.read_bytes())
     _place_file(onnx_path, version_dir / "model.onnx")
+    (model_dir / "warmup").mkdir(exist_ok=True)
+    for name, data in WARMUP_DATA.items():
+        _write_atomically(model_dir / "warmup" / name, data.tobytes())
     # The config goes last: its presence is what makes the folder a loadable model.
     _write_atomically(model_dir / "config.pbtxt", render_config(config).encode())
     return model_dir
