@@ -27,7 +27,7 @@ from infergate.config import PROJECT_ROOT, StackConfig
 from infergate.controlplane import ControlPlane
 from infergate.errors import StackError
 from infergate.metrics import ROLLOUT_DECISIONS
-from infergate.processes import Child, check_ports, port_free, spawn, wait_until
+from infergate.processes import Child, check_ports, descendants, reap, spawn, wait_until
 from infergate.registry import CANARY, Registry, ServedVersion
 from infergate.stats import VersionCounters, merge_reports
 from infergate.triton.client import TritonControl
@@ -44,7 +44,13 @@ PROMETHEUS_TEMPLATE = PROJECT_ROOT / "deployments" / "prometheus.yml"
 
 # Ray Serve's HAProxy ingress and throughput-optimised mode: on two cores a no-op
 # deployment went from 165 to 2285 req/s at concurrency 32 with these two.
-FAST_INGRESS_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+FAST_INGRESS_ENV = {
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    # A replica leaving waits this long for HAProxy to stop sending it requests; the 30 s
+    # default is sized for remote nodes, here HAProxy reloads in well under a second.
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5",
+}
 MLFLOW_ENV = {
     # Webhooks to a platform on localhost need both (MLflow blocks private hosts by default).
     "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https",
@@ -176,6 +182,18 @@ class Stack:
         self.triton_control = control
 
     def _start_serve(self) -> None:
+
+        # ray.init installs C-level SIGTERM/SIGINT handlers that end the process before
+        # Python can stop the stack, orphaning Ray's own agents; keep the handlers we had.
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self._init_ray()
+        finally:
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
+
+    def _init_ray(self) -> None:
         import ray
         from ray import serve
 
@@ -234,17 +252,6 @@ class Stack:
         self.admin.start()
         if a.webhooks:
             register_webhook(self.registry, f"{a.url}/admin/webhooks/mlflow", secret)
-
-    def _wait_ray_ports_released(self, timeout_s: float = 20.0) -> None:
-        """Ray's agents outlive ``ray.shutdown()`` by a moment; `down` returns (and a new
-        `up` may bind) only once their ports are free."""
-        s = self.config.serve
-        ports = [(s.host, s.port), ("127.0.0.1", s.metrics_export_port)]
-        if s.fast_ingress:
-            ports += [("0.0.0.0", s.haproxy_stats_port), ("0.0.0.0", s.haproxy_metrics_port)]
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not all(port_free(h, p) for h, p in ports):
-            time.sleep(0.2)
 
     def _count_decision(self, model: str, action: str) -> None:
         from ray.util.metrics import Counter
@@ -395,11 +402,12 @@ class Stack:
             finally:
                 ray.shutdown()
             self._serve_started = False
-            if not self.config.serve.external:
-                self._wait_ray_ports_released()
         for child in reversed(self.children):
             child.stop()
         self.children.clear()
+        # What is left below us is Ray's: ray.shutdown() returns before its agents exit,
+        # and they would hold their ports (and memory) for a while as orphans.
+        reap(descendants(os.getpid()))
         (self.state_dir / STATE_FILE).unlink(missing_ok=True)
 
 

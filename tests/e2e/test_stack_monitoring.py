@@ -1,0 +1,48 @@
+"""Every dashboard panel's query, run against the real Prometheus scraping the real stack
+after the traffic of the other e2e modules (demo models, bad inputs, canary rollouts)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from conftest import Stack, predict
+
+from infergate.dashboards.generate import render_all
+from infergate.dashboards.promql import expand
+
+pytestmark = pytest.mark.e2e
+
+
+def panel_queries() -> list[tuple[str, str, str]]:
+    found = []
+    for board, text in render_all().items():
+        for panel in json.loads(text)["panels"]:
+            for target in panel.get("targets", []):
+                found.append((board, panel["title"], target["expr"]))
+    return found
+
+
+def test_every_panel_query_returns_data(stack: Stack, http: httpx.Client):
+    state = (stack.state_dir / "stack.json").read_text()
+    assert "prometheus" in state, "Prometheus is not running (make test installs it)"
+    url = f"http://127.0.0.1:{stack.env['INFERGATE_PROMETHEUS__PORT']}/api/v1/query"
+    queries = panel_queries()
+    assert len(queries) > 20
+    empty: list[str] = []
+    deadline = time.monotonic() + 90  # Ray's agent exports every few seconds, scrapes 5 s
+    while True:
+        for model in ("sentiment", "embed"):  # fresh samples for every rate() window
+            predict(http, model, ["I love this film", "This is terrible"])
+        empty = []
+        for board, title, expr in queries:
+            body = httpx.get(url, params={"query": expand(expr, rate_interval="1m")}).json()
+            assert body["status"] == "success", f"{board}/{title}: {body.get('error')}"
+            if not body["data"]["result"]:
+                empty.append(f"{board}/{title}: {expr}")
+        if not empty or time.monotonic() > deadline:
+            break
+        time.sleep(5)
+    assert not empty, "panels without data:\n" + "\n".join(empty)
