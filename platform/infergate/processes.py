@@ -131,8 +131,13 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def reap(pids: list[int], timeout_s: float = 10.0) -> None:
-    """SIGTERM ``pids``, then SIGKILL whatever is still there after ``timeout_s``."""
+def reap(pids: list[int], timeout_s: float = 10.0, exclude: set[int] | None = None) -> None:
+    """SIGTERM ``pids``, then SIGKILL whatever is still there after ``timeout_s``.
+
+    ``exclude`` spares those processes and everything below them."""
+    if exclude:
+        spared = set(exclude).union(*(descendants(pid) for pid in exclude))
+        pids = [pid for pid in pids if pid not in spared]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):

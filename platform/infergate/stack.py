@@ -40,6 +40,7 @@ from infergate.triton.server import (
 
 log = logging.getLogger(__name__)
 STATE_FILE = "stack.json"
+RAY_START_ATTEMPTS = 3
 PROMETHEUS_TEMPLATE = PROJECT_ROOT / "deployments" / "prometheus.yml"
 
 # Ray Serve's HAProxy ingress and throughput-optimised mode: on two cores a no-op
@@ -207,13 +208,24 @@ class Stack:
             os.environ.update(FAST_INGRESS_ENV)
             os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(s.haproxy_stats_port)
             os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(s.haproxy_metrics_port)
-        ray.init(
-            num_cpus=s.ray_num_cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-            _metrics_export_port=s.metrics_export_port,
-        )
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            try:
+                ray.init(
+                    num_cpus=s.ray_num_cpus,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                    _metrics_export_port=s.metrics_export_port,
+                )
+                break
+            except Exception as exc:
+                # On a loaded machine Ray's GCS or raylet can miss Ray's own start-up
+                # deadline; what it left behind is cleaned up before the next try.
+                if attempt == RAY_START_ATTEMPTS or "timed out" not in str(exc).lower():
+                    raise
+                log.warning("Ray did not start in time (%s); trying again", exc)
+                ray.shutdown()
+                reap(descendants(os.getpid()), exclude={c.popen.pid for c in self.children})
         serve.start(http_options={"host": s.host, "port": s.port})
         self._serve_started = True
 

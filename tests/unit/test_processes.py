@@ -1,0 +1,37 @@
+"""Child processes: port checks, and reaping a whole process tree."""
+
+import socket
+import subprocess
+import time
+
+import pytest
+
+from infergate.errors import StackError
+from infergate.processes import check_ports, descendants, port_free, reap
+
+
+def test_busy_ports_are_named_with_the_variable_that_moves_them():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert not port_free("127.0.0.1", port)
+        with pytest.raises(StackError, match=f"port {port} \\(Triton\\).*INFERGATE_X=PORT"):
+            check_ports({"Triton": ("127.0.0.1", port, "INFERGATE_X")})
+    assert port_free("127.0.0.1", port)
+
+
+def test_reap_ends_a_tree_and_spares_what_is_excluded():
+    tree = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"])
+    spared = subprocess.Popen(["sleep", "60"])
+    try:
+        time.sleep(0.3)
+        below = descendants(tree.pid)
+        assert len(below) == 2
+        reap([tree.pid, *below, spared.pid], timeout_s=5, exclude={spared.pid})
+        assert tree.wait(timeout=5) is not None
+        assert not descendants(tree.pid)
+        assert spared.poll() is None
+    finally:
+        spared.kill()
+        spared.wait()
