@@ -150,9 +150,16 @@ class FrontendDeployment:
                     reported_at = time.monotonic()
                     counters = {k: c.to_dict() for k, c in self._monitors.counters.items()}
                     self._state.report.remote(self._replica, self._table_version, counters)
+                    self._refresh_gauges()
             except Exception:  # the actor restarting, a registry hiccup: try again
                 log.exception("syncing the traffic table failed")
             await asyncio.sleep(POLL_INTERVAL_S)
+
+    def _refresh_gauges(self) -> None:
+        """Ray drops a gauge not set again within two export intervals; set ours again."""
+        for version in self._served:
+            self._telemetry.weight(version.name, version.version, version.role, version.weight)
+        self._monitors.publish()
 
     async def __call__(self, request: Request) -> Response:
         if self._frontend is None:

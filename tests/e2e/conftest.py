@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from infergate.config import TritonSettings
+from infergate.registry import Registry
 from infergate.triton.client import TritonControl
 from infergate.triton.server import prepare_backends, server_command, server_environment
 
@@ -179,3 +180,21 @@ def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.25):
             return value
         time.sleep(interval_s)
     raise AssertionError(f"{what} did not happen within {timeout_s} s")
+
+
+def clone_version(
+    registry: Registry, name: str, version: str, tmp_path: Path, *, corrupt: bool = False
+) -> str:
+    """A new version of ``name`` made of ``version``'s files; optionally a broken ONNX."""
+    import mlflow
+
+    source = registry.version_source(name, version)
+    files = Path(
+        mlflow.artifacts.download_artifacts(
+            source, dst_path=str(tmp_path), tracking_uri=registry.tracking_uri
+        )
+    )
+    if corrupt:
+        (files / "model.onnx").write_bytes(b"this is not an ONNX graph")
+    task = registry.model(name).task
+    return registry.register(name, task, files, metrics={}, params={}, tags={"test": "yes"})

@@ -6,9 +6,8 @@ import threading
 from pathlib import Path
 
 import httpx
-import mlflow
 import pytest
-from conftest import RECONCILE_INTERVAL_S, Stack, wait_for
+from conftest import RECONCILE_INTERVAL_S, Stack, clone_version, wait_for
 from mlflow import MlflowClient
 
 from infergate.registry import Registry
@@ -32,17 +31,7 @@ def registry(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Registry
 
 def new_version(registry: Registry, tmp_path: Path, *, corrupt: bool = False) -> str:
     """Another version of ``rollout`` from version 1's files; optionally a broken ONNX."""
-    source = registry.version_source(MODEL, "1")
-    files = Path(
-        mlflow.artifacts.download_artifacts(
-            source, dst_path=str(tmp_path), tracking_uri=registry.tracking_uri
-        )
-    )
-    if corrupt:
-        (files / "model.onnx").write_bytes(b"this is not an ONNX graph")
-    return registry.register(
-        MODEL, "text-classification", files, metrics={}, params={}, tags={"test": "yes"}
-    )
+    return clone_version(registry, MODEL, "1", tmp_path, corrupt=corrupt)
 
 
 def served_versions(http: httpx.Client) -> dict[str, dict]:

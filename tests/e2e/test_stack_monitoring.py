@@ -8,10 +8,11 @@ import time
 
 import httpx
 import pytest
-from conftest import Stack, predict
+from conftest import Stack, clone_version, predict
 
 from infergate.dashboards.generate import render_all
 from infergate.dashboards.promql import expand
+from infergate.registry import Registry
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +26,19 @@ def panel_queries() -> list[tuple[str, str, str]]:
     return found
 
 
-def test_every_panel_query_returns_data(stack: Stack, http: httpx.Client):
+def test_every_panel_query_returns_data(stack: Stack, http: httpx.Client, tmp_path):
+    # The rollout panels need a canary: sentiment gets one, at half the traffic.
+    canary = clone_version(Registry(stack.mlflow), "sentiment", "1", tmp_path)
+    started = stack.cli("canary", "start", "sentiment", "--version", canary, "--weight", "50",
+                        "--manual")  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    try:
+        check_every_panel(stack, http)
+    finally:
+        assert stack.cli("canary", "rollback", "sentiment").returncode == 0
+
+
+def check_every_panel(stack: Stack, http: httpx.Client) -> None:
     state = (stack.state_dir / "stack.json").read_text()
     assert "prometheus" in state, "Prometheus is not running (make test installs it)"
     url = f"http://127.0.0.1:{stack.env['INFERGATE_PROMETHEUS__PORT']}/api/v1/query"
@@ -34,8 +47,9 @@ def test_every_panel_query_returns_data(stack: Stack, http: httpx.Client):
     empty: list[str] = []
     deadline = time.monotonic() + 90  # Ray's agent exports every few seconds, scrapes 5 s
     while True:
-        for model in ("sentiment", "embed"):  # fresh samples for every rate() window
-            predict(http, model, ["I love this film", "This is terrible"])
+        # Fresh samples for every rate() window, and past the drift windows' 50 texts.
+        for model in ("sentiment", "embed"):
+            predict(http, model, ["I love this film", "This is terrible"] * 16)
         empty = []
         for board, title, expr in queries:
             body = httpx.get(url, params={"query": expand(expr, rate_interval="1m")}).json()

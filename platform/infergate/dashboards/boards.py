@@ -50,11 +50,11 @@ def percentiles(histogram: m.Metric, qs: tuple[float, ...], *matchers: str) -> t
 
 
 def error_rate(*matchers: str) -> str:
-    """Share of requests answered 5xx, per model version."""
-    return ratio(
-        sum_by(MV, rate(m.REQUESTS.full_name, *matchers, 'status=~"5.."')),
-        sum_by(MV, rate(m.REQUESTS.full_name, *matchers)),
-    )
+    """Share of requests answered 5xx, per model version; 0 (not "no data") when a
+    version had no 5xx at all, since its 5xx series then does not exist."""
+    total = sum_by(MV, rate(m.REQUESTS.full_name, *matchers))
+    errors = sum_by(MV, rate(m.REQUESTS.full_name, *matchers, 'status=~"5.."'))
+    return ratio(f"({errors} or 0 * {total})", total)
 
 
 def class_shares(*matchers: str) -> str:
