@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from infergate import canary_cli
+from infergate.bench import cli as bench_cli
 from infergate.config import TASKS, StackConfig, load_config
 from infergate.dashboards import cli as dashboards_cli
 from infergate.errors import InfergateError, StackError
@@ -234,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     canary_cli.add_commands(sub, common)
     dashboards_cli.add_commands(sub)
+    bench_cli.add_commands(sub)
     return parser
 
 

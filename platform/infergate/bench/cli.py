@@ -1,0 +1,130 @@
+"""``infergate bench``: run the benchmark scenarios and write the results folder.
+
+Hooked into the main parser with ``bench_cli.add_commands(sub)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from infergate.config import PROJECT_ROOT
+
+DEFAULT_OUT = PROJECT_ROOT / "bench-results"
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark; exit 0 when it ran (targets are reported, not enforced), 1 when a
+    scenario failed to run, 2 with ``--check`` when a target was missed."""
+    from infergate.bench.report import evaluate_targets, write_report
+    from infergate.bench.runner import ALL_SCENARIOS, BenchOptions, run_bench
+    from infergate.bench.workload import PROFILES
+
+    # Progress bars of artifact downloads would be noise between the progress lines.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    if args.duration is not None:
+        profile = replace(profile, duration_s=args.duration)
+    options = BenchOptions(
+        profile=profile,
+        scenarios=tuple(args.scenarios or ALL_SCENARIOS),
+        cache_dir=args.cache_dir,
+        refresh_model=args.refresh_model,
+        timeout_s=args.timeout,
+        quiet_wait_s=args.wait_quiet,
+        noisy_retries=args.noisy_retries,
+    )
+
+    # Stop what was started on Ctrl-C and on SIGTERM alike (SIGINT is ignored in
+    # background jobs of non-interactive shells; SIGTERM would end Python without cleanup).
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, interrupt)
+    try:
+        results = run_bench(options, say=_say)
+    except KeyboardInterrupt:
+        _say("interrupted; every scenario started was stopped")
+        return 130
+    files = write_report(results, args.out)
+    print(files["markdown"].read_text())
+    _say("wrote " + ", ".join(str(path) for path in files.values()))
+    failed = [n for n, r in results["scenarios"].items() if r.get("error")]
+    if (results.get("ceiling") or {}).get("error"):
+        failed.append("ceiling")
+    if failed:
+        _say(f"scenarios that failed: {', '.join(failed)}")
+        return 1
+    if args.check and any(t["passed"] is False for t in evaluate_targets(results)):
+        return 2
+    return 0
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``bench`` to the ``infergate`` command's subparsers."""
+    from infergate.bench.runner import ALL_SCENARIOS
+
+    bench = subparsers.add_parser(
+        "bench",
+        help="benchmark infergate against its ceiling and baselines",
+        description="Start each scenario on free ports, drive it with the same load "
+        "generator, and write results.json, results.md and plots to --out.",
+    )
+    mode = bench.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="fewer cells, short (a few minutes)")
+    mode.add_argument("--smoke", action="store_true", help="a tiny grid in seconds, for CI")
+    bench.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
+    bench.add_argument("--scenarios", nargs="+", choices=ALL_SCENARIOS, help="default: all of them")
+    bench.add_argument("--cache-dir", type=Path, help="where the prepared model is kept")
+    bench.add_argument(
+        "--refresh-model", action="store_true", help="rebuild the cached model first"
+    )
+    bench.add_argument("--duration", type=float, help="seconds per cell (overrides the mode)")
+    bench.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, s")
+    bench.add_argument(
+        "--noisy-retries",
+        type=int,
+        default=2,
+        help="measure a cell again (at most this often) when other load disturbed it",
+    )
+    bench.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each cell, wait up to this long for other load on the box to calm down",
+    )
+    bench.add_argument("--check", action="store_true", help="exit 2 when a target is missed")
+    bench.set_defaults(func=cmd_bench)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m infergate.bench.cli bench ...``: the same command without the main CLI."""
+    import logging
+
+    from infergate.errors import InfergateError
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    parser = argparse.ArgumentParser(prog="infergate")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except InfergateError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""infergate without Triton: the same Ray Serve front-end, ONNX Runtime inside the replica.
+
+Prices the Triton hop. Everything but the backend is the platform's own: HAProxy ingress,
+a Ray Serve deployment with the platform's replica options and autoscaling, and
+:class:`infergate.frontend.Frontend` with its parsing, limits, tokenizer, post-processing,
+Ray metrics and drift monitors. The backend, :class:`OrtBackend`, replaces the gRPC call to
+Triton with ONNX Runtime in the replica, batching concurrent calls the way Triton's dynamic
+batcher does (one batch in flight, up to ``triton.max_batch_size`` rows, waiting at most
+``triton.max_queue_delay_us`` after the oldest request), with the same thread settings.
+
+Not included: the replica's report of canary counters to the stats actor (once a second).
+
+Run by the harness as ``python -m infergate.bench.inprocess_server``; it serves until
+SIGTERM. Configuration (ports aside) comes from ``load_config()``, so ``INFERGATE_*``
+overrides apply here as they do to the platform.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import Response
+
+from infergate.config import FrontendSettings, ServeSettings, TritonSettings, load_config
+from infergate.errors import InfergateError
+from infergate.frontend import Frontend, ServedModel
+from infergate.monitor import Monitors
+from infergate.registry import ServedVersion
+from infergate.runtime import ModelRuntime, Spec
+from infergate.tokenization import TextTokenizer
+
+log = logging.getLogger(__name__)
+PAD_VALUE = 0
+
+
+def pad_and_stack(arrays: list[np.ndarray]) -> np.ndarray:
+    """Stack ``[rows_i, length_i]`` arrays into ``[sum rows, max length]``, right-padded."""
+    if len(arrays) == 1:
+        return arrays[0]
+    longest = max(array.shape[1] for array in arrays)
+    stacked = np.full((sum(a.shape[0] for a in arrays), longest), PAD_VALUE, dtype=np.int64)
+    row = 0
+    for array in arrays:
+        stacked[row : row + array.shape[0], : array.shape[1]] = array
+        row += array.shape[0]
+    return stacked
+
+
+class OrtBackend:
+    """The front-end's ``Backend`` protocol on ONNX Runtime in this process.
+
+    Calls queue up; one task runs them in batches in a single worker thread (ONNX Runtime
+    releases the GIL, so the event loop keeps parsing and tokenizing meanwhile).
+    """
+
+    def __init__(
+        self, onnx_path: Path, *, max_batch_size: int, max_queue_delay_us: int, threads: int
+    ) -> None:
+        from infergate.bench.ceiling import make_session
+
+        self._session = make_session(onnx_path, threads)
+        self._max_rows = max_batch_size
+        self._delay_s = max_queue_delay_us / 1e6
+        self._pending: deque[tuple[np.ndarray, np.ndarray, str, float, asyncio.Future]] = deque()
+        self._drainer: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
+
+    async def infer(
+        self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
+    ) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        self._pending.append((input_ids, attention_mask, output_name, time.monotonic(), future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = loop.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            rows = sum(item[0].shape[0] for item in self._pending)
+            wait = self._pending[0][3] + self._delay_s - time.monotonic()
+            if rows < self._max_rows and wait > 0:
+                await asyncio.sleep(wait)
+            batch = [self._pending.popleft()]
+            rows = batch[0][0].shape[0]
+            while self._pending and rows + self._pending[0][0].shape[0] <= self._max_rows:
+                if self._pending[0][2] != batch[0][2]:
+                    break
+                rows += self._pending[0][0].shape[0]
+                batch.append(self._pending.popleft())
+            ids = pad_and_stack([item[0] for item in batch])
+            mask = pad_and_stack([item[1] for item in batch])
+            try:
+                output = await loop.run_in_executor(
+                    self._executor, self._run, batch[0][2], ids, mask
+                )
+            except Exception as exc:
+                log.warning("ONNX Runtime failed on a batch of %d rows: %s", len(ids), exc)
+                for item in batch:
+                    if not item[4].done():
+                        item[4].set_exception(InfergateError("The model failed on this batch."))
+                continue
+            start = 0
+            for item in batch:
+                stop = start + item[0].shape[0]
+                if not item[4].done():  # the request may have been cancelled meanwhile
+                    item[4].set_result(output[start:stop])
+                start = stop
+
+    def _run(self, output_name: str, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return self._session.run([output_name], {"input_ids": ids, "attention_mask": mask})[0]
+
+
+@serve.deployment(name="frontend")
+class InprocessFrontend:
+    """The platform's front-end over :class:`OrtBackend`; one instance per replica."""
+
+    def __init__(self, model: dict[str, Any], triton: dict, frontend: dict) -> None:
+        from infergate.telemetry import RayTelemetry
+
+        t = TritonSettings.model_validate(triton)
+        spec = Spec.from_dict(model["spec"])
+        backend = OrtBackend(
+            Path(model["onnx"]),
+            max_batch_size=t.max_batch_size,
+            max_queue_delay_us=t.max_queue_delay_us,
+            threads=t.ort_intra_op_threads,
+        )
+        served = ServedVersion(model["name"], model["version"], spec.task, model["onnx"])
+        tokenizer = TextTokenizer.from_dir(Path(model["tokenizer"]), spec.max_length)
+        runtime = ModelRuntime(served, spec, tokenizer)
+        runtime.reference = json.loads(Path(model["reference"]).read_text())
+        telemetry = RayTelemetry()
+        models = {served.name: ServedModel(served.name, spec.task, (runtime,))}
+        self._frontend = Frontend(
+            FrontendSettings.model_validate(frontend),
+            backend,
+            models,
+            telemetry=telemetry,
+            monitors=Monitors(telemetry),
+        )
+
+    async def __call__(self, request: Request) -> Response:
+        return await self._frontend.handle(request)
+
+
+def build_app(model: dict[str, Any], serve_settings: ServeSettings, triton: TritonSettings,
+              frontend: FrontendSettings) -> serve.Application:  # fmt: skip
+    """The deployment with the replica options of ``infergate.serve_app.frontend_app``."""
+    autoscaling = serve_settings.autoscaling
+    return InprocessFrontend.options(
+        max_ongoing_requests=serve_settings.max_ongoing_requests,
+        autoscaling_config={
+            "min_replicas": autoscaling.min_replicas,
+            "max_replicas": autoscaling.max_replicas,
+            "target_ongoing_requests": autoscaling.target_ongoing_requests,
+        },
+        ray_actor_options={"num_cpus": 0.5},
+    ).bind(model, triton.model_dump(mode="json"), frontend.model_dump(mode="json"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import ray
+
+    from infergate.stack import FAST_INGRESS_ENV
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--served-dir", type=Path, required=True, help="model.onnx, tokenizer/")
+    parser.add_argument("--name", default="sentiment")
+    parser.add_argument("--version", default="1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--haproxy-stats-port", type=int, required=True)
+    parser.add_argument("--haproxy-metrics-port", type=int, required=True)
+    parser.add_argument("--metrics-export-port", type=int, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    config = load_config()
+    served = args.served_dir.resolve()
+    model = {
+        "name": args.name,
+        "version": args.version,
+        "onnx": str(served / "model.onnx"),
+        "tokenizer": str(served / "tokenizer"),
+        "reference": str(served / "reference_stats.json"),
+        "spec": json.loads((served / "infergate.json").read_text()),
+    }
+    if config.serve.fast_ingress:
+        os.environ.update(FAST_INGRESS_ENV)
+        os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(args.haproxy_stats_port)
+        os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(args.haproxy_metrics_port)
+    ray.init(
+        num_cpus=config.serve.ray_num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        _metrics_export_port=args.metrics_export_port,
+    )
+    # After ray.init, whose core worker installs a SIGTERM handler that ends the process
+    # at once (and leaves Ray's agents behind).
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+        app = build_app(model, config.serve, config.triton, config.frontend)
+        serve.run(app, name="infergate", route_prefix="/", blocking=False)
+        log.info("serving %s v%s on port %d", args.name, args.version, args.port)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""PNG plots of a benchmark run (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: a headless backend, whatever the environment says
+import matplotlib.pyplot as plt
+
+COLORS = {"infergate": "C0", "inprocess": "C2", "ensemble": "C1", "naive": "C3"}
+
+
+def _groups(results: dict[str, Any]) -> list[tuple[int, int]]:
+    """(texts, tokens) pairs measured, each one panel."""
+    found = {
+        (row["texts"], row["tokens"])
+        for record in results.get("scenarios", {}).values()
+        for row in record.get("cells", [])
+    }
+    return sorted(found, key=lambda g: (g[1], g[0]))
+
+
+def _series(results: dict[str, Any], scenario: str, texts: int, tokens: int) -> list[dict]:
+    rows = results["scenarios"][scenario].get("cells", [])
+    picked = [r for r in rows if r["texts"] == texts and r["tokens"] == tokens]
+    return sorted(picked, key=lambda r: r["concurrency"])
+
+
+def _ceiling(results: dict[str, Any], tokens: int) -> float | None:
+    for row in (results.get("ceiling") or {}).get("rows", []):
+        if row["tokens"] == tokens and row["batch"] == 32:
+            return float(row["sequences_per_s"])
+    return None
+
+
+def _panels(count: int) -> tuple[Any, list[Any]]:
+    columns = min(count, 2) or 1
+    rows = (count + columns - 1) // columns or 1
+    figure, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for extra in flat[count:]:
+        extra.set_visible(False)
+    return figure, flat
+
+
+def throughput_plot(results: dict[str, Any], path: Path) -> Path:
+    groups = _groups(results)
+    figure, axes = _panels(len(groups))
+    for axis, (texts, tokens) in zip(axes, groups, strict=False):
+        for name in results["scenarios"]:
+            series = _series(results, name, texts, tokens)
+            if series:
+                axis.plot(
+                    [r["concurrency"] for r in series],
+                    [r["sequences_per_s"] for r in series],
+                    marker="o",
+                    label=name,
+                    color=COLORS.get(name),
+                )
+        ceiling = _ceiling(results, tokens)
+        if ceiling:
+            axis.axhline(
+                ceiling, color="k", linestyle="--", linewidth=1, label="ceiling (batch 32)"
+            )
+        axis.set_xscale("log", base=2)
+        axis.set_title(f"{texts} text(s) of ~{tokens} tokens per request")
+        axis.set_xlabel("concurrency")
+        axis.set_ylabel("sequences / s")
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def latency_plot(results: dict[str, Any], path: Path) -> Path:
+    groups = _groups(results)
+    figure, axes = _panels(len(groups))
+    for axis, (texts, tokens) in zip(axes, groups, strict=False):
+        for name in results["scenarios"]:
+            series = _series(results, name, texts, tokens)
+            if series:
+                x = [r["concurrency"] for r in series]
+                color = COLORS.get(name)
+                axis.plot(
+                    x, [r["p50_ms"] for r in series], marker="o", color=color, label=f"{name} p50"
+                )
+                axis.plot(x, [r["p99_ms"] for r in series], linestyle=":", marker="x", color=color,
+                          label=f"{name} p99")  # fmt: skip
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_title(f"{texts} text(s) of ~{tokens} tokens per request")
+        axis.set_xlabel("concurrency")
+        axis.set_ylabel("latency (ms)")
+        axis.grid(True, alpha=0.3, which="both")
+        axis.legend(fontsize="x-small", ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def memory_plot(results: dict[str, Any], path: Path) -> Path:
+    memories = [("ceiling", (results.get("ceiling") or {}).get("memory") or {})]
+    memories += [(n, r.get("memory") or {}) for n, r in results.get("scenarios", {}).items()]
+    memories = [(n, m) for n, m in memories if m.get("total")]
+    figure, axis = plt.subplots(figsize=(9, 1 + 0.6 * max(len(memories), 1)))
+    for row, (_, memory) in enumerate(memories):
+        left = 0.0
+        parts = sorted(
+            ((k, v["rss_mb"]) for k, v in memory.items() if k != "total"), key=lambda kv: -kv[1]
+        )
+        for component, mib in parts:
+            axis.barh(row, mib, left=left, edgecolor="white")
+            if mib > 0.06 * memory["total"]["rss_mb"]:
+                axis.text(left + mib / 2, row, component, ha="center", va="center", fontsize=7)
+            left += mib
+        axis.text(left, row, f" {left:,.0f} MiB", va="center", fontsize=8)
+    axis.set_yticks(range(len(memories)), [n for n, _ in memories])
+    axis.set_xlabel("resident memory, summed over the scenario's processes (MiB)")
+    axis.invert_yaxis()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def write_plots(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """``throughput.png``, ``latency.png`` and ``memory.png`` in ``out_dir``."""
+    return {
+        "throughput": throughput_plot(results, out_dir / "throughput.png"),
+        "latency": latency_plot(results, out_dir / "latency.png"),
+        "memory": memory_plot(results, out_dir / "memory.png"),
+    }

@@ -1,0 +1,226 @@
+"""The model every scenario serves, prepared once and cached between runs.
+
+All scenarios serve the demo ``sentiment`` model (all-MiniLM-L6-v2 with a trained
+classification head), so that every comparison is between the same weights:
+
+- ``sentiment-hf/``: the Hugging Face folder that ``infergate up --demo`` builds
+  (:func:`infergate.demo_models.build_sentiment_model`, seed 0); the naive baseline runs it
+  in PyTorch fp32.
+- ``store/``: an MLflow store in which that folder was registered by ``infergate register``
+  (default precision, alias ``champion``); the infergate scenario starts its stack on a copy.
+- ``served/``: ``model.onnx``, ``tokenizer/`` and ``infergate.json`` of that version,
+  downloaded from the registry: the very files the platform serves, which the ceiling, the
+  ensemble and the in-process scenarios load.
+
+Building takes a minute or two (training, export, quantisation, parity); later runs reuse
+the cache. A file lock keeps two harnesses from building it at the same time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from infergate.config import PROJECT_ROOT
+from infergate.errors import StackError
+
+DEFAULT_CACHE_DIR = PROJECT_ROOT / ".infergate" / "bench-cache"
+MODEL_NAME = "sentiment"
+TASK = "text-classification"
+MANIFEST = "manifest.json"
+SERVED_FILES = ("model.onnx", "tokenizer", "infergate.json", "reference_stats.json")
+MLFLOW_START_TIMEOUT_S = 90.0
+REGISTER_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    """Paths of the cached model and what the registry said about it."""
+
+    hf_dir: Path
+    store_dir: Path
+    onnx_path: Path
+    tokenizer_dir: Path
+    spec: dict
+    version: str
+    onnx_sha256: str
+
+    @property
+    def served_dir(self) -> Path:
+        return self.onnx_path.parent
+
+    @property
+    def max_length(self) -> int:
+        return int(self.spec["max_length"])
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.spec.get("labels", []))
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _locked(cache_dir: Path) -> Iterator[None]:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with (cache_dir / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _load(cache_dir: Path) -> PreparedModel | None:
+    manifest = cache_dir / MANIFEST
+    if not manifest.exists():
+        return None
+    data = json.loads(manifest.read_text())
+    served = cache_dir / "served"
+    prepared = PreparedModel(
+        hf_dir=cache_dir / "sentiment-hf",
+        store_dir=cache_dir / "store",
+        onnx_path=served / "model.onnx",
+        tokenizer_dir=served / "tokenizer",
+        spec=json.loads((served / "infergate.json").read_text()),
+        version=str(data["version"]),
+        onnx_sha256=str(data["onnx_sha256"]),
+    )
+    needed = [prepared.hf_dir / "config.json", *(served / name for name in SERVED_FILES)]
+    return prepared if all(path.exists() for path in needed) else None
+
+
+def prepare_model(
+    cache_dir: Path = DEFAULT_CACHE_DIR,
+    *,
+    refresh: bool = False,
+    say: Callable[[str], None] = print,
+) -> PreparedModel:
+    """The cached model, built first if missing (or if ``refresh``)."""
+    cache_dir = Path(cache_dir).resolve()
+    with _locked(cache_dir):
+        prepared = None if refresh else _load(cache_dir)
+        if prepared is not None:
+            return prepared
+        for stale in ("sentiment-hf", "store", "served", MANIFEST):
+            target = cache_dir / stale
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
+        started = time.monotonic()
+        say(f"preparing the benchmark model in {cache_dir} (once; a minute or two) ...")
+        _build_hf_folder(cache_dir / "sentiment-hf")
+        version = _register_and_download(cache_dir, say)
+        onnx_sha = sha256(cache_dir / "served" / "model.onnx")
+        manifest = {"model": MODEL_NAME, "version": version, "onnx_sha256": onnx_sha}
+        (cache_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        say(f"benchmark model ready in {time.monotonic() - started:.0f} s")
+        loaded = _load(cache_dir)
+        assert loaded is not None
+        return loaded
+
+
+def _build_hf_folder(out_dir: Path) -> None:
+    # In a child process: PyTorch's threads and memory should not stay in the harness,
+    # whose CPU time is measured as the load generator's.
+    code = (
+        "import sys; from pathlib import Path; "
+        "from infergate.demo import SENTIMENT_DATA, minilm_dir; "
+        "from infergate.demo_models import build_sentiment_model; "
+        "build_sentiment_model(minilm_dir(), SENTIMENT_DATA, Path(sys.argv[1]), progress=False)"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    _run([sys.executable, "-c", code, str(out_dir)], env, "training the sentiment model")
+
+
+def _register_and_download(cache_dir: Path, say: Callable[[str], None]) -> str:
+    from infergate.processes import spawn, wait_until
+    from infergate.registry import CHAMPION, Registry
+    from infergate.stack import MLFLOW_ENV
+
+    store = cache_dir / "store"
+    store.mkdir(parents=True)
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    command = [
+        str(Path(sys.executable).with_name("mlflow")),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{store / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(store / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    mlflow = spawn("mlflow", command, cache_dir / "logs", {**os.environ, **MLFLOW_ENV})
+    try:
+        wait_until(mlflow, lambda: _http_ok(f"{uri}/health"), MLFLOW_START_TIMEOUT_S, "MLflow")
+        say("registering it with `infergate register` ...")
+        register = [
+            str(Path(sys.executable).with_name("infergate")),
+            "register",
+            str(cache_dir / "sentiment-hf"),
+            "--name",
+            MODEL_NAME,
+            "--task",
+            TASK,
+            "--alias",
+            CHAMPION,
+            "--tracking-uri",
+            uri,
+            "--quiet",
+        ]
+        _run(register, {**os.environ, "HF_HUB_OFFLINE": "1"}, "infergate register")
+        registry = Registry(uri)
+        version = registry.model(MODEL_NAME).aliases[CHAMPION]
+        source = registry.version_source(MODEL_NAME, version)
+        for relative in SERVED_FILES:
+            registry.download(source, relative, cache_dir / "served")
+        return str(version)
+    finally:
+        mlflow.stop()
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return bool(response.status == 200)
+
+
+def _run(command: list[str], env: dict[str, str], what: str) -> None:
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=REGISTER_TIMEOUT_S, check=False
+    )
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+        raise StackError(f"{what} failed (exit {done.returncode}):\n{tail}")

@@ -1,0 +1,441 @@
+"""Targets, the markdown report, plots and the JSON file of a benchmark run.
+
+Everything here is pure (a results document in, text or files out), so it is unit-tested
+without running anything. The results document is what :func:`infergate.bench.runner.run_bench`
+returns: ``meta``, ``ceiling`` (rows per token length and batch size) and ``scenarios``
+(rows per cell); :func:`evaluate_targets` adds nothing to it but reads it.
+
+Targets (from issue #5), each a row with pass/fail, never dropped when it cannot be
+computed (it then says what is missing):
+
+- single text, c=32: infergate req/s >= 0.55 x ceiling seq/s at batch 32;
+- 16 texts, c=32: infergate seq/s >= 0.85 x ceiling seq/s at batch 32;
+- every c=32 cell: infergate >= 5 x naive and >= 1.5 x ensemble (requests/s);
+- single text, c=1: infergate p50 <= ceiling batch-1 p50 + 1.5 ms, and p99 <= 2 x p50.
+
+Each is checked at every token length measured; a cell with errors fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+SCENARIO_ORDER = ("infergate", "inprocess", "ensemble", "naive")
+CEILING_BATCH = 32
+LATENCY_SLACK_MS = 1.5
+SINGLE_TEXT_SHARE = 0.55
+MULTI_TEXT_SHARE = 0.85
+NAIVE_FACTOR = 5.0
+ENSEMBLE_FACTOR = 1.5
+P99_OVER_P50 = 2.0
+
+
+# -- lookups ---------------------------------------------------------------------------------
+
+
+def ceiling_row(results: dict[str, Any], tokens: int, batch: int) -> dict[str, Any] | None:
+    ceiling = results.get("ceiling") or {}
+    for row in ceiling.get("rows", []):
+        if row["tokens"] == tokens and row["batch"] == batch:
+            return row
+    return None
+
+
+def cell_row(
+    results: dict[str, Any], scenario: str, concurrency: int, texts: int, tokens: int
+) -> dict[str, Any] | None:
+    record = results.get("scenarios", {}).get(scenario) or {}
+    for row in record.get("cells", []):
+        if (row["concurrency"], row["texts"], row["tokens"]) == (concurrency, texts, tokens):
+            return row
+    return None
+
+
+def measured_tokens(results: dict[str, Any]) -> list[int]:
+    found = {
+        row["tokens"] for r in results.get("scenarios", {}).values() for row in r.get("cells", [])
+    }
+    found |= {row["tokens"] for row in (results.get("ceiling") or {}).get("rows", [])}
+    return sorted(found)
+
+
+# -- targets ---------------------------------------------------------------------------------
+
+
+def check(
+    target: str,
+    cell: str,
+    value: float | None,
+    required: float | None,
+    *,
+    at_least: bool,
+    unit: str,
+    missing: str = "",
+    errors: int = 0,
+) -> dict[str, Any]:
+    """One target row. ``at_least``: value >= required passes, else value <= required.
+
+    ``shortfall`` is how far a miss is from the requirement, as a fraction of it.
+    """
+    row: dict[str, Any] = {
+        "target": target,
+        "cell": cell,
+        "value": value,
+        "required": required,
+        "comparison": ">=" if at_least else "<=",
+        "unit": unit,
+        "passed": None,
+        "shortfall": None,
+        "note": missing,
+    }
+    if value is None or required is None or math.isnan(value) or math.isnan(required):
+        row["note"] = missing or "not measured"
+        return row
+    passed = value >= required if at_least else value <= required
+    if errors:
+        passed, row["note"] = False, f"{errors} failed requests in the cell"
+    row["passed"] = passed
+    gap = (required - value) if at_least else (value - required)
+    if not passed and required and gap > 0:  # not when only the errors failed it
+        row["shortfall"] = gap / abs(required)
+    return row
+
+
+def _errors(*rows: dict[str, Any] | None) -> int:
+    return sum(int(row.get("errors", 0)) for row in rows if row)
+
+
+def _missing(**parts: Any) -> str:
+    absent = [name for name, value in parts.items() if value is None]
+    return "missing: " + ", ".join(absent) if absent else ""
+
+
+def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target at every measured token length (see the module docstring)."""
+    rows = []
+    for tokens in measured_tokens(results):
+        ceiling = ceiling_row(results, tokens, CEILING_BATCH)
+        ceiling_sps = ceiling["sequences_per_s"] if ceiling else None
+        for texts, share in ((1, SINGLE_TEXT_SHARE), (16, MULTI_TEXT_SHARE)):
+            cell = cell_row(results, "infergate", 32, texts, tokens)
+            measured = cell["sequences_per_s"] if cell else None
+            rows.append(
+                check(
+                    f"infergate vs ceiling ({texts} text{'s' if texts > 1 else ''})",
+                    f"c=32 texts={texts} tokens={tokens}",
+                    measured / ceiling_sps if measured is not None and ceiling_sps else None,
+                    share,
+                    at_least=True,
+                    unit="x ceiling seq/s",
+                    missing=_missing(infergate=cell, ceiling=ceiling),
+                    errors=_errors(cell),
+                )
+            )
+        for texts in (1, 16):
+            ours = cell_row(results, "infergate", 32, texts, tokens)
+            for other, factor in (("naive", NAIVE_FACTOR), ("ensemble", ENSEMBLE_FACTOR)):
+                theirs = cell_row(results, other, 32, texts, tokens)
+                if ours is None and theirs is None:
+                    continue
+                ratio = None
+                if ours and theirs and theirs["requests_per_s"] > 0:
+                    ratio = ours["requests_per_s"] / theirs["requests_per_s"]
+                rows.append(
+                    check(
+                        f"infergate vs {other}",
+                        f"c=32 texts={texts} tokens={tokens}",
+                        ratio,
+                        factor,
+                        at_least=True,
+                        unit=f"x {other} req/s",
+                        missing=_missing(infergate=ours, **{other: theirs}),
+                        errors=_errors(ours),
+                    )
+                )
+        single = cell_row(results, "infergate", 1, 1, tokens)
+        batch1 = ceiling_row(results, tokens, 1)
+        p50 = single["p50_ms"] if single else None
+        rows.append(
+            check(
+                "c=1 p50 <= ceiling batch-1 p50 + 1.5 ms",
+                f"c=1 texts=1 tokens={tokens}",
+                p50,
+                batch1["p50_ms"] + LATENCY_SLACK_MS if batch1 else None,
+                at_least=False,
+                unit="ms",
+                missing=_missing(infergate=single, ceiling=batch1),
+                errors=_errors(single),
+            )
+        )
+        rows.append(
+            check(
+                "c=1 p99 <= 2 x p50",
+                f"c=1 texts=1 tokens={tokens}",
+                single["p99_ms"] if single else None,
+                P99_OVER_P50 * p50 if p50 is not None else None,
+                at_least=False,
+                unit="ms",
+                missing=_missing(infergate=single),
+                errors=_errors(single),
+            )
+        )
+    return rows
+
+
+def ceiling_shares(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Informational: every scenario's c=32 sequences/s as a share of the ceiling's."""
+    rows = []
+    for name in _scenarios(results):
+        for cell in results["scenarios"][name].get("cells", []):
+            ceiling = ceiling_row(results, cell["tokens"], CEILING_BATCH)
+            if cell["concurrency"] == 32 and ceiling and ceiling["sequences_per_s"] > 0:
+                share = cell["sequences_per_s"] / ceiling["sequences_per_s"]
+                rows.append({"scenario": name, "cell": cell["cell"], "share": share})
+    return rows
+
+
+def triton_hop(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Informational: in-process front-end vs the platform, per common cell."""
+    rows = []
+    for ours in (results.get("scenarios", {}).get("infergate") or {}).get("cells", []):
+        theirs = cell_row(results, "inprocess", ours["concurrency"], ours["texts"], ours["tokens"])
+        if theirs and ours["requests_per_s"] > 0:
+            rows.append(
+                {
+                    "cell": ours["cell"],
+                    "infergate_rps": ours["requests_per_s"],
+                    "inprocess_rps": theirs["requests_per_s"],
+                    "inprocess_over_infergate": theirs["requests_per_s"] / ours["requests_per_s"],
+                    "p50_saved_ms": ours["p50_ms"] - theirs["p50_ms"],
+                }
+            )
+    return rows
+
+
+# -- markdown --------------------------------------------------------------------------------
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def verdict(row: dict[str, Any]) -> str:
+    if row["passed"] is None:
+        return f"n/a ({row['note']})"
+    if row["passed"]:
+        return "PASS"
+    side = "short" if row["comparison"] == ">=" else "over"
+    short = f"{row['shortfall']:.0%} {side}" if row["shortfall"] is not None else ""
+    return "MISS " + ", ".join(part for part in (short, row["note"]) if part)
+
+
+def _top_cpu(row: dict[str, Any], limit: int = 4) -> str:
+    parts = [(k, v) for k, v in row.get("server_cpu_percent", {}).items() if k != "total"]
+    parts.sort(key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {v:.0f}%" for k, v in parts[:limit])
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The human-readable report."""
+    meta = results.get("meta", {})
+    out = [f"# infergate benchmark ({meta.get('profile', '?')})", ""]
+    out.append(
+        f"{meta.get('date', '?')} on {meta.get('host', '?')}: {meta.get('cpus', '?')} CPUs "
+        f"({meta.get('cpu', '?')}), {meta.get('memory_gib', '?')} GiB, commit "
+        f"{meta.get('git_commit') or '?'}. Model: {meta.get('model', {}).get('name', '?')} v"
+        f"{meta.get('model', {}).get('version', '?')} "
+        f"({meta.get('model', {}).get('precision', '?')}). {meta.get('duration_s', '?')} s per "
+        f"cell after {meta.get('warmup_s', '?')} s warm-up. Load average at start/end: "
+        f"{_loads(meta.get('load_average_at_start'))} / {_loads(meta.get('load_average_at_end'))}."
+    )
+    if meta.get("env_overrides"):
+        out += [
+            "",
+            "Overrides: " + ", ".join(f"`{k}={v}`" for k, v in meta["env_overrides"].items()),
+        ]
+    out += ["", "## Targets", ""]
+    out += _table(
+        ["target", "cell", "measured", "required", "result"],
+        (
+            [
+                r["target"],
+                r["cell"],
+                f"{_num(r['value'], 2)} {r['unit']}",
+                f"{r['comparison']} {_num(r['required'], 2)}",
+                verdict(r),
+            ]
+            for r in evaluate_targets(results)
+        ),
+    )
+    ceiling = results.get("ceiling") or {}
+    out += ["", "## Ceiling: ONNX Runtime in process on the served file", ""]
+    if ceiling.get("error"):
+        out.append(f"FAILED: {ceiling['error']}")
+    out += _table(
+        ["tokens", "batch", "seq/s", "p50 ms", "p95 ms", "p99 ms", "other CPU %"],
+        (
+            [str(r["tokens"]), str(r["batch"]), _num(r["sequences_per_s"])]
+            + [_num(r[k], 2) for k in ("p50_ms", "p95_ms", "p99_ms")]
+            + [_other(r)]
+            for r in ceiling.get("rows", [])
+        ),
+    )
+    out += ["", "Intra-op threads as the platform's Triton model; inputs tokenized beforehand. "
+            "A row disturbed by other load (over 10% of a core) was measured again."]  # fmt: skip
+    out += ["", "## Scenarios", ""]
+    rows, failures = [], []
+    for name in _scenarios(results):
+        record = results["scenarios"][name]
+        if record.get("error"):
+            failures.append(f"- **{name}** failed: {record['error']}")
+        probe = record.get("probe", {})
+        if probe and probe.get("agrees_with_ceiling") is False:
+            failures.append(
+                f"- **{name}** probe labels {probe.get('labels')} differ from the ceiling's"
+            )
+        for r in record.get("cells", []):
+            rows.append(
+                [name, str(r["concurrency"]), str(r["texts"]), str(r["tokens"])]
+                + [_num(r["requests_per_s"]), _num(r["sequences_per_s"])]
+                + [_num(r[k], 2) for k in ("p50_ms", "p95_ms", "p99_ms")]
+                + [str(r["errors"]), _num(r["server_cpu_percent"].get("total"), 0)]
+                + [_num(r["client_cpu_percent"], 0), _other(r)]
+            )
+    header = ["scenario", "c", "texts", "tokens", "req/s", "seq/s", "p50 ms", "p95 ms", "p99 ms"]
+    header += ["errors", "server CPU %", "client CPU %", "other CPU %"]
+    out += _table(header, rows)
+    cores = meta.get("cpus", "?")
+    note = (
+        f"CPU % is of one core over the cell (the box has {cores} cores); 'other' is everything"
+        " else running on the box meanwhile; a cell it disturbed (over 30%) was measured again"
+        " and the quietest attempt kept, '(noisy)' if none was quiet."
+    )
+    out += ["", note]
+    if failures:
+        out += ["", *failures]
+    out += ["", "## Memory (peak over the cells)", ""]
+    out += _table(
+        ["scenario", "RSS MiB", "PSS MiB", "processes", "by component (RSS MiB)"],
+        _memory_rows(results),
+    )
+    out += ["", "## Where the CPU goes (c=32 cells)", ""]
+    out += _table(
+        ["scenario", "cell", "server CPU %", "top components", "Triton batching"],
+        (
+            [
+                name,
+                r["cell"],
+                _num(r["server_cpu_percent"].get("total"), 0),
+                _top_cpu(r),
+                _batching(r),
+            ]
+            for name in _scenarios(results)
+            for r in results["scenarios"][name].get("cells", [])
+            if r["concurrency"] == 32
+        ),
+    )
+    shares = ceiling_shares(results)
+    if shares:
+        out += ["", "## Share of the ceiling (seq/s at c=32 over ceiling seq/s at batch 32)", ""]
+        out += _table(
+            ["scenario", "cell", "share"],
+            ([s["scenario"], s["cell"], _num(s["share"], 2)] for s in shares),
+        )
+    hop = triton_hop(results)
+    if hop:
+        out += ["", "## Price of the Triton hop (in-process front-end vs infergate)", ""]
+        out += _table(
+            ["cell", "infergate req/s", "in-process req/s", "ratio", "p50 saved ms"],
+            (
+                [
+                    h["cell"],
+                    _num(h["infergate_rps"]),
+                    _num(h["inprocess_rps"]),
+                    _num(h["inprocess_over_infergate"], 2),
+                    _num(h["p50_saved_ms"], 2),
+                ]
+                for h in hop
+            ),
+        )
+    return "\n".join(out) + "\n"
+
+
+def _batching(row: dict[str, Any]) -> str:
+    """What Triton's dynamic batcher did per model during a cell."""
+    return "; ".join(
+        f"{model}: {t['rows_per_execution']:.1f} rows/exec, queue {t['queue_ms_per_request']:.2f}"
+        f" ms/req, compute {t['compute_ms_per_execution']:.2f} ms/exec"
+        for model, t in sorted(row.get("triton", {}).items())
+    )
+
+
+def _other(row: dict[str, Any]) -> str:
+    """Other load on the box during a measurement, flagged when it disturbed it."""
+    text = _num(row.get("other_cpu_percent"), 0)
+    return text + " (noisy)" if row.get("noisy") else text
+
+
+def _loads(values: list[float] | None) -> str:
+    return "/".join(f"{v:.2f}" for v in values) if values else "?"
+
+
+def _scenarios(results: dict[str, Any]) -> list[str]:
+    names = list(results.get("scenarios", {}))
+    return sorted(names, key=lambda n: SCENARIO_ORDER.index(n) if n in SCENARIO_ORDER else 99)
+
+
+def _memory_rows(results: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    memories = [("ceiling", (results.get("ceiling") or {}).get("memory") or {})]
+    memories += [(n, results["scenarios"][n].get("memory") or {}) for n in _scenarios(results)]
+    for name, memory in memories:
+        total = memory.get("total")
+        if not total:
+            continue
+        parts = sorted(
+            ((k, v) for k, v in memory.items() if k != "total"), key=lambda kv: -kv[1]["rss_mb"]
+        )
+        detail = ", ".join(f"{k} {v['rss_mb']:.0f} ({v['processes']:.0f})" for k, v in parts)
+        rows.append(
+            [
+                name,
+                _num(total["rss_mb"], 0),
+                _num(total["pss_mb"], 0),
+                str(int(total["processes"])),
+                detail,
+            ]
+        )
+    return rows
+
+
+# -- files -----------------------------------------------------------------------------------
+
+
+def write_report(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """Write ``results.json`` (with the targets), ``results.md`` and the PNG plots."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    document = {
+        **results,
+        "targets": evaluate_targets(results),
+        "ceiling_shares": ceiling_shares(results),
+        "triton_hop": triton_hop(results),
+    }
+    files = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
+    files["json"].write_text(json.dumps(document, indent=2, default=str) + "\n")
+    files["markdown"].write_text(markdown(results))
+    from infergate.bench.plots import write_plots
+
+    files.update(write_plots(results, out_dir))
+    return files

@@ -1,0 +1,348 @@
+"""One benchmark run: prepare the model, then for each scenario start it, measure every
+cell of the profile with the same load generator, read its memory and CPU, stop it.
+
+A scenario that fails to start or stop is recorded with its error and the run goes on:
+the report shows what failed rather than leaving it out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infergate.bench import procfs
+from infergate.bench.loadgen import HttpTarget, run_load, run_sync, send_once
+from infergate.bench.prepare import PreparedModel, prepare_model
+from infergate.bench.scenarios import SCENARIOS, Scenario
+from infergate.bench.workload import PROBE_TEXTS, Cell, Profile, TextSets, build_text_sets
+from infergate.config import PROJECT_ROOT, load_config
+
+ALL_SCENARIOS = ("ceiling", "infergate", "inprocess", "ensemble", "naive")
+DISTINCT_BODIES = 64
+# Other work on the box, in percent of one core: below QUIET a cell may start, above NOISY
+# a measurement is taken again.
+QUIET_CPU_PERCENT = 25.0
+NOISY_CPU_PERCENT = 30.0
+# The ceiling is the denominator of the targets, and ONNX Runtime's two threads lose about
+# a third of their throughput to 20% of a core taken by something else (measured here), so
+# it is held to a stricter standard.
+CEILING_NOISY_CPU_PERCENT = 10.0
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What ``infergate bench`` was asked to do."""
+
+    profile: Profile
+    scenarios: tuple[str, ...] = ALL_SCENARIOS
+    cache_dir: Path | None = None
+    refresh_model: bool = False
+    timeout_s: float = 60.0
+    quiet_wait_s: float = 0.0  # per cell, how long to wait for other load to calm down
+    noisy_retries: int = 2  # measurements disturbed by other load are repeated this often
+
+
+def machine_info() -> dict[str, Any]:
+    """The box and software the figures were measured on."""
+    cpu = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    meminfo = Path("/proc/meminfo").read_text().split()
+    versions = {}
+    for package in ("onnxruntime", "ray", "torch", "transformers", "tokenizers", "tritonclient"):
+        try:
+            from importlib.metadata import version
+
+            versions[package] = version(package if package != "onnxruntime" else "onnxruntime-gpu")
+        except Exception:
+            versions[package] = None
+    commit = subprocess.run(
+        ["git", "-C", str(PROJECT_ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "memory_gib": round(int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "git_commit": commit or None,
+        "load_average_at_start": list(os.getloadavg()),
+    }
+
+
+def wait_for_quiet(roots: list[int], max_wait_s: float, say: Say) -> float:
+    """Wait (at most ``max_wait_s``) until processes outside ``roots`` and this one use less
+    than ``QUIET_CPU_PERCENT`` of a core over a second; return the last figure.
+
+    On a shared 2-core box other work changes every figure; this only waits, it measures
+    anyway when the box does not calm down (each cell reports its 'other CPU')."""
+    deadline = time.monotonic() + max_wait_s
+    waited = False
+    while True:
+        before, busy, own = procfs.snapshot(roots), procfs.system_busy_s(), time.process_time()
+        time.sleep(1.0)
+        after = procfs.snapshot(roots)
+        ours = procfs.cpu_by_component(before, after).get("total", 0.0)
+        ours += time.process_time() - own
+        other = 100 * max(procfs.system_busy_s() - busy - ours, 0.0)
+        if other < QUIET_CPU_PERCENT or time.monotonic() > deadline:
+            if waited:
+                say(f"  (other load now {other:.0f}% of a core)")
+            return other
+        if not waited:
+            say(f"  waiting for the box to calm down: other load {other:.0f}% of a core")
+            waited = True
+
+
+def _bodies(scenario: Scenario, texts: TextSets, cell: Cell) -> list[bytes]:
+    return [scenario.body(texts.request_texts(cell, i)) for i in range(DISTINCT_BODIES)]
+
+
+def measure_cell(
+    scenario: Scenario, texts: TextSets, cell: Cell, profile: Profile, options: BenchOptions,
+    say: Say,
+) -> dict[str, Any]:  # fmt: skip
+    """Drive one cell and return its row: load figures, CPU by component, memory.
+
+    A measurement during which other work on the box used more than ``NOISY_CPU_PERCENT``
+    of a core is repeated (``options.noisy_retries`` times at most) and the quietest
+    attempt is kept; the row says how many attempts it took and whether it stayed noisy.
+    """
+    target = scenario.target(_bodies(scenario, texts, cell))
+    roots = scenario.roots()
+    attempts: list[dict[str, Any]] = []
+    while len(attempts) <= options.noisy_retries:
+        if options.quiet_wait_s > 0:
+            wait_for_quiet(roots, options.quiet_wait_s, say)
+        attempts.append(_measure_once(scenario, target, cell, profile, options.timeout_s))
+        if attempts[-1]["other_cpu_percent"] <= NOISY_CPU_PERCENT:
+            break
+        if len(attempts) <= options.noisy_retries:
+            say(f"  noisy: other load {attempts[-1]['other_cpu_percent']:.0f}%, measuring again")
+    row = min(attempts, key=lambda a: a["other_cpu_percent"])
+    row["attempts"] = len(attempts)
+    row["noisy"] = row["other_cpu_percent"] > NOISY_CPU_PERCENT
+    return row
+
+
+def _measure_once(
+    scenario: Scenario, target: HttpTarget, cell: Cell, profile: Profile, timeout_s: float
+) -> dict[str, Any]:
+    roots, metrics_url = scenario.roots(), scenario.triton_metrics_url
+    triton_before = procfs.triton_counters(metrics_url) if metrics_url else {}
+    before, busy_before = procfs.snapshot(roots), procfs.system_busy_s()
+    result = run_sync(
+        lambda: run_load(
+            target,
+            concurrency=cell.concurrency,
+            duration_s=profile.duration_s,
+            warmup_s=profile.warmup_s,
+            timeout_s=timeout_s,
+        )
+    )
+    after, busy_after = procfs.snapshot(roots), procfs.system_busy_s()
+    triton_after = procfs.triton_counters(metrics_url) if metrics_url else {}
+    summary = result.summary()
+    cpu = procfs.cpu_by_component(before, after)
+    elapsed = result.elapsed_s or 1.0
+    other = (busy_after - busy_before) - cpu.get("total", 0.0) - result.client_cpu_s
+    return {
+        "cell": cell.key,
+        "texts": cell.texts,
+        "tokens": cell.tokens,
+        **summary,
+        "sequences_per_s": summary["requests_per_s"] * cell.texts,
+        # Percent of one core over the run (warm-up included); 100 * cores is the box.
+        "server_cpu_percent": {k: round(100 * v / elapsed, 1) for k, v in cpu.items()},
+        "other_cpu_percent": round(100 * max(other, 0.0) / elapsed, 1),
+        "memory": procfs.memory_by_component(after),
+        "triton": procfs.triton_batching(triton_before, triton_after),
+    }
+
+
+def run_ceiling(
+    prepared: PreparedModel, profile: Profile, threads: int, options: BenchOptions
+) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        "-m",
+        "infergate.bench.ceiling",
+        f"--onnx={prepared.onnx_path}",
+        f"--tokenizer={prepared.tokenizer_dir}",
+        f"--spec={prepared.served_dir / 'infergate.json'}",
+        "--lengths=" + ",".join(map(str, profile.token_lengths)),
+        f"--duration={profile.ceiling_duration_s}",
+        f"--threads={threads}",
+        f"--retries={options.noisy_retries}",
+        f"--noisy-cpu-percent={CEILING_NOISY_CPU_PERCENT}",
+        f"--quiet-wait={options.quiet_wait_s}",
+    ]
+    # stderr (a line per measurement) goes straight to the terminal as progress.
+    done = subprocess.run(
+        command, stdout=subprocess.PIPE, text=True, timeout=options.timeout_s * 20, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the ceiling run failed with exit code {done.returncode}")
+    return json.loads(done.stdout)
+
+
+def merge_ceiling_runs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """The ceiling with, per row, the run that other load disturbed least."""
+    merged = dict(second)
+    rows = {(r["tokens"], r["batch"]): r for r in first.get("rows", [])}
+    for row in second.get("rows", []):
+        key = (row["tokens"], row["batch"])
+        if key not in rows or row["other_cpu_percent"] < rows[key]["other_cpu_percent"]:
+            rows[key] = row
+    merged["rows"] = sorted(rows.values(), key=lambda r: (r["tokens"], r["batch"]))
+    merged["runs"] = 2
+    return merged
+
+
+def run_scenario(
+    scenario: Scenario,
+    texts: TextSets,
+    profile: Profile,
+    reference_labels: list[str] | None,
+    options: BenchOptions,
+    say: Say,
+) -> dict[str, Any]:
+    """Start, probe, measure every cell, stop; errors are recorded, not raised."""
+    record: dict[str, Any] = {"description": scenario.description, "cells": []}
+    started = time.monotonic()
+    try:
+        say(f"[{scenario.name}] starting: {scenario.description}")
+        scenario.start()
+        record["start_s"] = round(time.monotonic() - started, 1)
+        say(f"[{scenario.name}] up in {record['start_s']:.0f} s on port {scenario.port}")
+        status, answer = run_sync(
+            lambda: send_once(scenario.target([b""]), scenario.body(PROBE_TEXTS), options.timeout_s)
+        )
+        labels = scenario.labels(answer) if status == 200 else None
+        record["probe"] = {"status": status, "labels": labels}
+        record["probe"]["agrees_with_ceiling"] = (
+            labels == reference_labels if reference_labels is not None else None
+        )
+        for cell in sorted(profile.cells, key=lambda c: (c.tokens, c.texts, c.concurrency)):
+            row = measure_cell(scenario, texts, cell, profile, options, say)
+            record["cells"].append(row)
+            say(progress_line(scenario.name, row))
+        record["memory"] = _peak_memory(record["cells"])
+    except Exception as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        record["log_tail"] = scenario.log_tail()
+        say(f"[{scenario.name}] FAILED: {record['error']}")
+        traceback.print_exc()
+    finally:
+        try:
+            scenario.stop()
+        except Exception as exc:
+            record["stop_error"] = f"{type(exc).__name__}: {exc}"
+            say(f"[{scenario.name}] stop failed: {exc}")
+    if scenario.info:
+        record["info"] = scenario.info
+    return record
+
+
+def _peak_memory(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    measured = [row["memory"] for row in rows if row.get("memory")]
+    return max(measured, key=lambda m: m.get("total", {}).get("rss_mb", 0.0), default={})
+
+
+def progress_line(scenario: str, row: dict[str, Any]) -> str:
+    cpu = row["server_cpu_percent"].get("total", 0.0)
+    return (
+        f"  {scenario:<9} c={row['concurrency']:<3} texts={row['texts']:<3} "
+        f"tokens={row['tokens']:<4} {row['requests_per_s']:8.1f} req/s "
+        f"{row['sequences_per_s']:8.1f} seq/s  p50 {row['p50_ms']:7.2f}  "
+        f"p99 {row['p99_ms']:7.2f} ms"
+        f"  errors {row['errors']}  server cpu {cpu:.0f}%  client cpu "
+        f"{row['client_cpu_percent']:.0f}%  other {row['other_cpu_percent']:.0f}%"
+    )
+
+
+def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
+    """The whole run; returns the results document (see ``infergate.bench.report``)."""
+    profile = options.profile
+    unknown = set(options.scenarios) - set(ALL_SCENARIOS)
+    if unknown:
+        raise ValueError(f"unknown scenarios {sorted(unknown)}; choose from {ALL_SCENARIOS}")
+    config = load_config()
+    cache = {"cache_dir": options.cache_dir} if options.cache_dir else {}
+    prepared = prepare_model(**cache, refresh=options.refresh_model, say=say)
+    texts = build_text_sets(prepared.tokenizer_dir, profile.token_lengths)
+    overrides = {k: v for k, v in sorted(os.environ.items()) if k.startswith("INFERGATE_")}
+    results: dict[str, Any] = {
+        "meta": {
+            **machine_info(),
+            "profile": profile.name,
+            "duration_s": profile.duration_s,
+            "warmup_s": profile.warmup_s,
+            "model": {
+                "name": "sentiment",
+                "version": prepared.version,
+                "precision": prepared.spec.get("precision"),
+                "onnx_sha256": prepared.onnx_sha256,
+                "hf_dir": str(prepared.hf_dir),
+            },
+            "mean_tokens": texts.mean_tokens,
+            "triton": config.triton.model_dump(mode="json"),
+            "autoscaling": config.serve.autoscaling.model_dump(mode="json"),
+            "env_overrides": overrides,
+        },
+        "ceiling": None,
+        "scenarios": {},
+    }
+    started = time.monotonic()
+    reference_labels: list[str] | None = None
+    if "ceiling" in options.scenarios:
+        say("[ceiling] ONNX Runtime in one process on the served file")
+        if options.quiet_wait_s > 0:
+            wait_for_quiet([], options.quiet_wait_s, say)
+        try:
+            results["ceiling"] = run_ceiling(
+                prepared, profile, config.triton.ort_intra_op_threads, options
+            )
+            reference_labels = results["ceiling"]["probe_labels"]
+        except Exception as exc:
+            results["ceiling"] = {"error": f"{type(exc).__name__}: {exc}"}
+            say(f"[ceiling] FAILED: {exc}")
+    with tempfile.TemporaryDirectory(prefix="infergate-bench-") as tmp:
+        for name in options.scenarios:
+            if name == "ceiling":
+                continue
+            workdir = Path(tmp) / name
+            workdir.mkdir()
+            scenario = SCENARIOS[name](prepared, workdir)
+            results["scenarios"][name] = run_scenario(
+                scenario, texts, profile, reference_labels, options, say
+            )
+    ceiling = results["ceiling"] or {}
+    if any(row.get("noisy") for row in ceiling.get("rows", [])):
+        say("[ceiling] some rows were disturbed by other load: measuring them again")
+        try:
+            again = run_ceiling(prepared, profile, config.triton.ort_intra_op_threads, options)
+            results["ceiling"] = merge_ceiling_runs(ceiling, again)
+        except Exception as exc:
+            say(f"[ceiling] second run failed: {exc}")
+    results["meta"]["wall_s"] = round(time.monotonic() - started, 1)
+    results["meta"]["load_average_at_end"] = list(os.getloadavg())
+    return results

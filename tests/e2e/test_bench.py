@@ -1,0 +1,87 @@
+"""`infergate bench --smoke` end to end on the cheap scenarios: the in-process ceiling, the
+naive FastAPI/PyTorch server and the Triton ensemble, all real processes on free ports.
+
+The whole stack and the in-process Ray Serve app are left out here only because they take
+longer to start; `infergate bench --quick` runs all five. The first run on a machine also
+builds the benchmark model (about a minute and a half); later runs reuse it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infergate.bench.workload import PROBE_TEXTS, TARGET_CELLS
+
+pytestmark = pytest.mark.e2e
+SCENARIOS = ("naive", "ensemble")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "results"
+    command = [sys.executable, "-m", "infergate.bench.cli", "bench", "--smoke", "--out", str(out)]
+    command += ["--scenarios", "ceiling", *SCENARIOS]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    for name in ("results.json", "results.md", "throughput.png", "latency.png", "memory.png"):
+        assert (out / name).stat().st_size > 0, name
+    # A progress line per measured cell.
+    assert done.stderr.count("c=32  texts=16") == len(SCENARIOS)
+    return json.loads((out / "results.json").read_text())
+
+
+def test_ceiling_measured_on_the_served_file(results):
+    rows = {(r["tokens"], r["batch"]): r for r in results["ceiling"]["rows"]}
+    assert set(rows) == {(16, 1), (16, 16), (16, 32)}
+    assert all(r["sequences_per_s"] > 0 and r["p50_ms"] > 0 for r in rows.values())
+    assert results["ceiling"]["probe_labels"] == ["positive", "negative"]
+    assert results["ceiling"]["memory"]["total"]["rss_mb"] > 50
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_cell_measured_without_errors(results, name):
+    record = results["scenarios"][name]
+    assert "error" not in record, record.get("log_tail")
+    assert record["probe"]["labels"] == ["positive", "negative"] and len(PROBE_TEXTS) == 2
+    assert record["probe"]["agrees_with_ceiling"] is True
+    cells = {(c["concurrency"], c["texts"], c["tokens"]): c for c in record["cells"]}
+    assert set(cells) == {(c.concurrency, c.texts, c.tokens) for c in TARGET_CELLS}
+    for cell in cells.values():
+        assert cell["errors"] == 0, cell["error_kinds"]
+        assert cell["ok"] >= 2 * cell["concurrency"]  # the window waits for slow cells
+        assert cell["requests_per_s"] > 0 and 0 < cell["p50_ms"] <= cell["p99_ms"]
+        assert cell["sequences_per_s"] == pytest.approx(cell["requests_per_s"] * cell["texts"])
+        assert cell["server_cpu_percent"]["total"] > 0
+    memory = record["memory"]
+    assert memory["total"]["rss_mb"] > 100 and memory["total"]["processes"] >= 2
+    assert record["info"]["leftover_processes"] == 0
+
+
+def test_memory_is_split_by_component(results):
+    ensemble = results["scenarios"]["ensemble"]["memory"]
+    assert {"tritonserver", "triton python stub"} <= set(ensemble)
+    naive = results["scenarios"]["naive"]["memory"]
+    assert naive["uvicorn worker"]["processes"] == results["scenarios"]["naive"]["info"]["workers"]
+
+
+def test_ratios_computed_and_missing_targets_reported(results):
+    shares = {(s["scenario"], s["cell"]) for s in results["ceiling_shares"]}
+    assert shares == {(n, c.key) for n in SCENARIOS for c in TARGET_CELLS if c.concurrency == 32}
+    assert all(math.isfinite(s["share"]) and s["share"] > 0 for s in results["ceiling_shares"])
+    # infergate itself was not run: its targets are listed, marked as not measured.
+    targets = results["targets"]
+    assert len(targets) == 8
+    assert all(t["passed"] is None and "infergate" in t["note"] for t in targets)
+
+
+def test_results_folder_has_a_readable_report(results, tmp_path: Path):
+    from infergate.bench.report import markdown
+
+    text = markdown(results)
+    assert "| naive | 32 | 16 | 16 |" in text and "| ensemble | 1 | 1 | 16 |" in text

@@ -1,0 +1,333 @@
+"""The pure parts of the benchmark harness: percentiles, HTTP heads, texts, process
+accounting, targets and the report."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infergate.bench import procfs
+from infergate.bench.loadgen import HttpTarget, LoadResult, parse_head, percentile
+from infergate.bench.report import (
+    ceiling_shares,
+    check,
+    evaluate_targets,
+    markdown,
+    triton_hop,
+    verdict,
+    write_report,
+)
+from infergate.bench.workload import PROFILES, TARGET_CELLS, Cell, TextSets, texts_of_length
+
+# -- percentiles and load results ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 100, 1001])
+def test_percentile_matches_numpy_linear_interpolation(size):
+    rng = random.Random(size)
+    values = sorted(rng.uniform(0, 50) for _ in range(size))
+    for q in (0, 1, 50, 95, 99, 99.9, 100):
+        assert percentile(values, q) == pytest.approx(np.percentile(values, q))
+
+
+def test_percentile_of_nothing_is_nan_and_q_is_checked():
+    assert math.isnan(percentile([], 50))
+    with pytest.raises(ValueError, match=r"expected 0\.\.100"):
+        percentile([1.0], 101)
+
+
+def test_load_result_summary():
+    result = LoadResult(concurrency=4, latencies_ms=[4.0, 1.0, 2.0, 3.0], window_s=2.0)
+    result.errors["HTTP 503"] += 1
+    result.elapsed_s, result.client_cpu_s = 4.0, 1.0
+    summary = result.summary()
+    assert summary["ok"] == 4 and summary["errors"] == 1 and summary["requests"] == 5
+    assert summary["requests_per_s"] == 2.0
+    assert summary["p50_ms"] == 2.5 and summary["max_ms"] == 4.0
+    assert summary["error_kinds"] == {"HTTP 503": 1}
+    assert summary["client_cpu_percent"] == 25.0
+
+
+# -- HTTP ------------------------------------------------------------------------------------
+
+
+def test_parse_head_reads_status_and_lowercased_headers():
+    status, headers = parse_head(
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 12\r\nX-Thing: a: b\r\n\r\n"
+    )
+    assert status == 503
+    assert headers == {"content-length": "12", "x-thing": "a: b"}
+
+
+def test_parse_head_refuses_what_is_not_http():
+    with pytest.raises(ValueError, match="not an HTTP response"):
+        parse_head(b"SSH-2.0-OpenSSH\r\n\r\n")
+
+
+def test_target_builds_a_complete_request_and_stays_on_loopback():
+    target = HttpTarget("127.0.0.1", 8000, "/predict", (b'{"inputs": "x"}',))
+    request = target.request_bytes(target.bodies[0])
+    head, body = request.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"POST /predict HTTP/1.1\r\n")
+    assert b"Content-Length: 15" in head and body == b'{"inputs": "x"}'
+    HttpTarget("::1", 1, "/", (b"",))
+    HttpTarget("localhost", 1, "/", (b"",))
+    for host in ("10.0.0.1", "example.com", "0.0.0.0"):
+        with pytest.raises(ValueError, match="not a loopback address"):
+            HttpTarget(host, 80, "/", (b"",))
+
+
+# -- workload --------------------------------------------------------------------------------
+
+
+def test_texts_reach_the_token_target():
+    def count(text: str) -> int:  # one token per word plus two special tokens
+        return len(text.split()) + 2
+
+    sentences = ["one two three", "four five", "six seven eight nine"]
+    texts = texts_of_length(6, count, sentences, count=5)
+    assert len(texts) == 5 and all(count(t) == 6 for t in texts)
+    assert texts[0].startswith("one") and texts[1].startswith("four")
+
+
+def test_request_texts_cycle_through_the_pool():
+    sets = TextSets({16: ["a", "b", "c"]}, {16: 16.0})
+    assert sets.request_texts(Cell(1, 2, 16), 0) == ["a", "b"]
+    assert sets.request_texts(Cell(1, 2, 16), 1) == ["c", "a"]
+
+
+def test_every_profile_measures_the_target_cells():
+    for profile in PROFILES.values():
+        assert set(TARGET_CELLS) <= set(profile.cells), profile.name
+    assert len(PROFILES["full"].cells) == 12
+
+
+# -- /proc accounting ------------------------------------------------------------------------
+
+
+def test_components_are_named_from_the_command_line():
+    name = procfs.component_of
+    assert name("/x/triton-backends/python/triton_python_backend_stub /r/m/1/model.py") == (
+        "triton python stub"
+    )
+    assert name("/venv/pytriton/tritonserver/bin/tritonserver --model-repository=/r") == (
+        "tritonserver"
+    )
+    assert name("ray::ServeReplica:infergate:frontend") == "serve replica"
+    assert name("/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet") == (
+        "ray system"
+    )
+    assert name("/usr/bin/prometheus --config.file=x") == "prometheus"
+    assert name("/usr/local/bin/something --flag") == "something"
+
+
+def _info(pid: int, component: str, cpu_s: float, rss_mb: float) -> procfs.ProcessInfo:
+    rss = int(rss_mb * procfs.MB)
+    return procfs.ProcessInfo(pid, component, component, cpu_s, rss, rss // 2, 0)
+
+
+def test_memory_and_cpu_are_summed_per_component():
+    before = {1: _info(1, "a", 1.0, 10), 2: _info(2, "b", 5.0, 20)}
+    after = {1: _info(1, "a", 1.5, 12), 2: _info(2, "b", 6.0, 20), 3: _info(3, "b", 0.25, 8)}
+    memory = procfs.memory_by_component(after)
+    assert memory["b"] == {"rss_mb": 28.0, "pss_mb": 14.0, "processes": 2}
+    assert memory["total"]["rss_mb"] == 40.0 and memory["total"]["processes"] == 3
+    cpu = procfs.cpu_by_component(before, after)
+    assert cpu == {"a": 0.5, "b": 1.25, "total": 1.75}
+
+
+def test_this_process_is_readable_from_proc():
+    import os
+
+    info = procfs.process_info(os.getpid())
+    assert info is not None and info.rss_bytes > 0 and info.still_running()
+    assert os.getpid() in procfs.descendants([os.getpid()])
+
+
+# -- targets ---------------------------------------------------------------------------------
+
+
+def test_check_passes_fails_and_says_by_how_much():
+    assert check("t", "c", 0.6, 0.55, at_least=True, unit="x")["passed"] is True
+    missed = check("t", "c", 0.44, 0.55, at_least=True, unit="x")
+    assert missed["passed"] is False and missed["shortfall"] == pytest.approx(0.2)
+    over = check("t", "c", 6.0, 5.0, at_least=False, unit="ms")
+    assert over["passed"] is False and over["shortfall"] == pytest.approx(0.2)
+    assert verdict(over) == "MISS 20% over"
+    assert verdict(missed) == "MISS 20% short"
+    unknown = check("t", "c", None, 0.55, at_least=True, unit="x", missing="missing: naive")
+    assert unknown["passed"] is None and verdict(unknown) == "n/a (missing: naive)"
+    errored = check("t", "c", 0.9, 0.55, at_least=True, unit="x", errors=3)
+    assert errored["passed"] is False and "3 failed requests" in verdict(errored)
+
+
+def _cell(c: int, texts: int, tokens: int, rps: float, p50: float, p99: float, errors: int = 0):
+    return {
+        "cell": Cell(c, texts, tokens).key,
+        "concurrency": c,
+        "texts": texts,
+        "tokens": tokens,
+        "requests_per_s": rps,
+        "sequences_per_s": rps * texts,
+        "p50_ms": p50,
+        "p95_ms": p99,
+        "p99_ms": p99,
+        "errors": errors,
+        "client_cpu_percent": 10.0,
+        "other_cpu_percent": 1.0,
+        "server_cpu_percent": {"total": 150.0, "tritonserver": 100.0, "serve replica": 50.0},
+        "memory": {"total": {"rss_mb": 100.0, "pss_mb": 80.0, "processes": 2}},
+    }
+
+
+def _results() -> dict:
+    ceiling_rows = [
+        {"tokens": 16, "batch": 1, "sequences_per_s": 400.0, "p50_ms": 2.0, "p95_ms": 3.0,
+         "p99_ms": 4.0},
+        {"tokens": 16, "batch": 32, "sequences_per_s": 1000.0, "p50_ms": 30.0, "p95_ms": 31.0,
+         "p99_ms": 32.0},
+    ]  # fmt: skip
+    memory = {
+        "total": {"rss_mb": 3000.0, "pss_mb": 2000.0, "processes": 20},
+        "tritonserver": {"rss_mb": 1000.0, "pss_mb": 900.0, "processes": 1},
+        "serve replica": {"rss_mb": 2000.0, "pss_mb": 1100.0, "processes": 19},
+    }
+    return {
+        "meta": {"profile": "quick", "cpus": 2, "env_overrides": {"INFERGATE_X": "1"}},
+        "ceiling": {"rows": ceiling_rows, "memory": {"total": memory["total"]}},
+        "scenarios": {
+            "infergate": {
+                "cells": [
+                    _cell(1, 1, 16, 250.0, 3.0, 5.0),  # p50 within 2 + 1.5; p99 <= 6
+                    _cell(32, 1, 16, 500.0, 60.0, 90.0),  # 0.50 of the ceiling: a miss
+                    _cell(32, 16, 16, 60.0, 500.0, 600.0, errors=2),  # 0.96 but errors
+                ],
+                "memory": memory,
+            },
+            "naive": {"cells": [_cell(32, 1, 16, 50.0, 600.0, 900.0)]},
+            "inprocess": {"cells": [_cell(32, 1, 16, 750.0, 40.0, 60.0)]},
+        },
+    }
+
+
+def test_targets_are_evaluated_and_nothing_is_dropped():
+    rows = {(r["target"], r["cell"]): r for r in evaluate_targets(_results())}
+    single = rows[("infergate vs ceiling (1 text)", "c=32 texts=1 tokens=16")]
+    assert single["value"] == pytest.approx(0.5) and single["passed"] is False
+    assert single["shortfall"] == pytest.approx(0.05 / 0.55)
+    multi = rows[("infergate vs ceiling (16 texts)", "c=32 texts=16 tokens=16")]
+    assert multi["value"] == pytest.approx(0.96) and multi["passed"] is False  # 2 errors
+    naive = rows[("infergate vs naive", "c=32 texts=1 tokens=16")]
+    assert naive["value"] == pytest.approx(10.0) and naive["passed"] is True
+    naive_multi = rows[("infergate vs naive", "c=32 texts=16 tokens=16")]
+    assert naive_multi["passed"] is None and naive_multi["note"] == "missing: naive"
+    ensemble = rows[("infergate vs ensemble", "c=32 texts=1 tokens=16")]
+    assert ensemble["passed"] is None and ensemble["note"] == "missing: ensemble"
+    p50 = rows[("c=1 p50 <= ceiling batch-1 p50 + 1.5 ms", "c=1 texts=1 tokens=16")]
+    assert p50["value"] == 3.0 and p50["required"] == 3.5 and p50["passed"] is True
+    p99 = rows[("c=1 p99 <= 2 x p50", "c=1 texts=1 tokens=16")]
+    assert p99["required"] == 6.0 and p99["passed"] is True
+
+
+def test_targets_without_the_platform_say_so():
+    results = _results()
+    del results["scenarios"]["infergate"]
+    rows = evaluate_targets(results)
+    assert rows and all(r["passed"] is None for r in rows)
+    assert all("infergate" in r["note"] for r in rows)
+
+
+def test_informational_ratios():
+    results = _results()
+    hop = triton_hop(results)
+    assert [h["cell"] for h in hop] == ["c32-t1-n16"]
+    assert hop[0]["inprocess_over_infergate"] == pytest.approx(1.5)
+    assert hop[0]["p50_saved_ms"] == pytest.approx(20.0)
+    shares = {(s["scenario"], s["cell"]): s["share"] for s in ceiling_shares(results)}
+    assert shares[("naive", "c32-t1-n16")] == pytest.approx(0.05)
+    assert shares[("infergate", "c32-t16-n16")] == pytest.approx(0.96)
+
+
+def test_markdown_report_shows_every_table_and_every_miss():
+    text = markdown(_results())
+    for heading in ("## Targets", "## Ceiling", "## Scenarios", "## Memory", "## Where the CPU"):
+        assert heading in text
+    assert "| infergate vs ceiling (1 text) | c=32 texts=1 tokens=16 | 0.50 x ceiling seq/s |" in (
+        text
+    )
+    assert "MISS 9% short" in text
+    assert "MISS 2 failed requests in the cell" in text
+    assert "n/a (missing: ensemble)" in text
+    assert "| infergate | 32 | 1 | 16 | 500.0 | 500.0 | 60.00 |" in text
+    assert "tritonserver 100%, serve replica 50%" in text
+    assert "serve replica 2000 (19), tritonserver 1000 (1)" in text
+    assert "`INFERGATE_X=1`" in text
+
+
+def test_write_report_writes_json_markdown_and_plots(tmp_path: Path):
+    import json
+
+    files = write_report(_results(), tmp_path)
+    assert set(files) == {"json", "markdown", "throughput", "latency", "memory"}
+    for path in files.values():
+        assert path.exists() and path.stat().st_size > 0
+    document = json.loads(files["json"].read_text())
+    assert len(document["targets"]) == 8 and document["triton_hop"]
+    assert files["throughput"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_triton_batching_from_two_counter_snapshots():
+    before = {"m": {"nv_inference_request_success": 10.0, "nv_inference_count": 10.0,
+                    "nv_inference_exec_count": 10.0, "nv_inference_queue_duration_us": 1000.0,
+                    "nv_inference_compute_infer_duration_us": 5000.0}}  # fmt: skip
+    after = {
+        "m": {"nv_inference_request_success": 110.0, "nv_inference_count": 410.0,
+              "nv_inference_exec_count": 60.0, "nv_inference_queue_duration_us": 51000.0,
+              "nv_inference_compute_infer_duration_us": 255000.0},
+        "idle": {"nv_inference_request_success": 3.0},
+    }  # fmt: skip
+    table = procfs.triton_batching(before, after)
+    assert set(table) == {"m", "idle"}
+    assert table["m"] == {
+        "requests": 100.0,
+        "executions": 50.0,
+        "rows_per_execution": 8.0,
+        "queue_ms_per_request": 0.5,
+        "compute_ms_per_execution": 2.5,
+    }
+
+
+def test_triton_counters_parsed_from_prometheus_text():
+    text = (
+        "# TYPE nv_inference_count counter\n"
+        'nv_inference_count{model="ensemble",version="1"} 10\n'
+        'nv_inference_count{model="sentiment__v1",version="1"} 4.5e+01\n'
+        'nv_inference_exec_count{model="sentiment__v1",version="1"} 5\n'
+        "nv_cpu_utilization{} 0.5\n"
+        'nv_inference_pending_request_count{model="ensemble",version="1"} 3\n'
+    )
+    assert procfs.parse_triton_counters(text) == {
+        "ensemble": {"nv_inference_count": 10.0},
+        "sentiment__v1": {"nv_inference_count": 45.0, "nv_inference_exec_count": 5.0},
+    }
+
+
+def test_a_second_ceiling_run_replaces_only_the_noisier_rows():
+    from infergate.bench.runner import merge_ceiling_runs
+
+    first = {
+        "rows": [
+            {"tokens": 16, "batch": 1, "other_cpu_percent": 2.0, "p50_ms": 1.0},
+            {"tokens": 16, "batch": 32, "other_cpu_percent": 80.0, "p50_ms": 40.0},
+        ]
+    }
+    second = {"rows": [{"tokens": 16, "batch": 1, "other_cpu_percent": 5.0, "p50_ms": 1.5},
+                       {"tokens": 16, "batch": 32, "other_cpu_percent": 1.0, "p50_ms": 20.0}],
+              "probe_labels": ["positive"]}  # fmt: skip
+    merged = merge_ceiling_runs(first, second)
+    assert [r["p50_ms"] for r in merged["rows"]] == [1.0, 20.0]
+    assert merged["probe_labels"] == ["positive"] and merged["runs"] == 2
