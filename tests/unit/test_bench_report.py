@@ -159,8 +159,8 @@ def test_check_passes_fails_and_says_by_how_much():
     assert over["passed"] is False and over["shortfall"] == pytest.approx(0.2)
     assert verdict(over) == "MISS 20% over"
     assert verdict(missed) == "MISS 20% short"
-    unknown = check("t", "c", None, 0.55, at_least=True, unit="x", missing="missing: naive")
-    assert unknown["passed"] is None and verdict(unknown) == "n/a (missing: naive)"
+    unknown = check("t", "c", None, 0.55, at_least=True, unit="x", missing="not measured: naive")
+    assert unknown["passed"] is None and verdict(unknown) == "n/a (not measured: naive)"
     errored = check("t", "c", 0.9, 0.55, at_least=True, unit="x", errors=3)
     assert errored["passed"] is False and "3 failed requests" in verdict(errored)
 
@@ -224,9 +224,9 @@ def test_targets_are_evaluated_and_nothing_is_dropped():
     naive = rows[("infergate vs naive", "c=32 texts=1 tokens=16")]
     assert naive["value"] == pytest.approx(10.0) and naive["passed"] is True
     naive_multi = rows[("infergate vs naive", "c=32 texts=16 tokens=16")]
-    assert naive_multi["passed"] is None and naive_multi["note"] == "missing: naive"
+    assert naive_multi["passed"] is None and naive_multi["note"] == "not measured: naive"
     ensemble = rows[("infergate vs ensemble", "c=32 texts=1 tokens=16")]
-    assert ensemble["passed"] is None and ensemble["note"] == "missing: ensemble"
+    assert ensemble["passed"] is None and ensemble["note"] == "not measured: ensemble"
     p50 = rows[("c=1 p50 <= ceiling batch-1 p50 + 1.5 ms", "c=1 texts=1 tokens=16")]
     assert p50["value"] == 3.0 and p50["required"] == 3.5 and p50["passed"] is True
     p99 = rows[("c=1 p99 <= 2 x p50", "c=1 texts=1 tokens=16")]
@@ -261,7 +261,7 @@ def test_markdown_report_shows_every_table_and_every_miss():
     )
     assert "MISS 9% short" in text
     assert "MISS 2 failed requests in the cell" in text
-    assert "n/a (missing: ensemble)" in text
+    assert "n/a (not measured: ensemble)" in text
     assert "| infergate | 32 | 1 | 16 | 500.0 | 500.0 | 60.00 |" in text
     assert "tritonserver 100%, serve replica 50%" in text
     assert "serve replica 2000 (19), tritonserver 1000 (1)" in text

@@ -111,7 +111,7 @@ def _errors(*rows: dict[str, Any] | None) -> int:
 
 def _missing(**parts: Any) -> str:
     absent = [name for name, value in parts.items() if value is None]
-    return "missing: " + ", ".join(absent) if absent else ""
+    return "not measured: " + ", ".join(absent) if absent else ""
 
 
 def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
