@@ -108,21 +108,24 @@ def memory_plot(results: dict[str, Any], path: Path) -> Path:
     memories = [("ceiling", (results.get("ceiling") or {}).get("memory") or {})]
     memories += [(n, r.get("memory") or {}) for n, r in results.get("scenarios", {}).items()]
     memories = [(n, m) for n, m in memories if m.get("total")]
-    figure, axis = plt.subplots(figsize=(9, 1 + 0.6 * max(len(memories), 1)))
+    components = sorted({c for _, memory in memories for c in memory if c != "total"})
+    palette = plt.get_cmap("tab20")
+    colors = {c: palette(i % 20) for i, c in enumerate(components)}  # one colour per component
+    figure, axis = plt.subplots(figsize=(10, 2.5 + 0.5 * max(len(memories), 1)))
     for row, (_, memory) in enumerate(memories):
         left = 0.0
-        parts = sorted(
-            ((k, v["rss_mb"]) for k, v in memory.items() if k != "total"), key=lambda kv: -kv[1]
-        )
-        for component, mib in parts:
-            axis.barh(row, mib, left=left, edgecolor="white")
-            if mib > 0.06 * memory["total"]["rss_mb"]:
-                axis.text(left + mib / 2, row, component, ha="center", va="center", fontsize=7)
-            left += mib
+        for component in components:
+            mib = memory.get(component, {}).get("rss_mb", 0.0)
+            if mib:
+                axis.barh(row, mib, left=left, color=colors[component], edgecolor="white")
+                left += mib
         axis.text(left, row, f" {left:,.0f} MiB", va="center", fontsize=8)
+    for component in components:
+        axis.barh(0, 0, color=colors[component], label=component)  # legend entries only
     axis.set_yticks(range(len(memories)), [n for n, _ in memories])
     axis.set_xlabel("resident memory, summed over the scenario's processes (MiB)")
     axis.invert_yaxis()
+    axis.legend(fontsize="x-small", ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -41,6 +41,9 @@ class TritonPythonModel:
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads  # 0: ONNX Runtime picks (one per core)
+        # Idle threads spin-wait for work by default; beside a front-end on a few cores
+        # that burned 7.2 ms of CPU for a 1.9 ms run (3.2 ms without spinning).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.inter_op_num_threads = 1  # a transformer graph has no parallel branches
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
 
