@@ -171,19 +171,26 @@ class FrontendDeployment:
             raise RuntimeError("the traffic table sync stopped")
 
 
-def frontend_app(settings: FrontendSettings, serve_settings: ServeSettings) -> serve.Application:
-    """The front-end application, ready for ``serve.run``."""
+def replica_options(serve_settings: ServeSettings) -> dict[str, Any]:
+    """Scaling and placement of front-end replicas (shared with the benchmark's variant)."""
     autoscaling = serve_settings.autoscaling
-    return FrontendDeployment.options(
-        user_config={"settings": settings.model_dump(mode="json")},
-        max_ongoing_requests=serve_settings.max_ongoing_requests,
-        autoscaling_config={
+    return {
+        "max_ongoing_requests": serve_settings.max_ongoing_requests,
+        "autoscaling_config": {
             "min_replicas": autoscaling.min_replicas,
             "max_replicas": autoscaling.max_replicas,
             "target_ongoing_requests": autoscaling.target_ongoing_requests,
         },
         # Half a CPU each: two replicas and Ray's own actors still fit on a 2-core box.
-        ray_actor_options={"num_cpus": 0.5},
+        "ray_actor_options": {"num_cpus": 0.5},
+    }
+
+
+def frontend_app(settings: FrontendSettings, serve_settings: ServeSettings) -> serve.Application:
+    """The front-end application, ready for ``serve.run``."""
+    return FrontendDeployment.options(
+        user_config={"settings": settings.model_dump(mode="json")},
+        **replica_options(serve_settings),
     ).bind()
 
 

@@ -42,6 +42,7 @@ from infergate.frontend import Frontend, ServedModel
 from infergate.monitor import Monitors
 from infergate.registry import ServedVersion
 from infergate.runtime import ModelRuntime, Spec
+from infergate.serve_app import replica_options
 from infergate.tokenization import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -163,15 +164,8 @@ class InprocessFrontend:
 def build_app(model: dict[str, Any], serve_settings: ServeSettings, triton: TritonSettings,
               frontend: FrontendSettings) -> serve.Application:  # fmt: skip
     """The deployment with the replica options of ``infergate.serve_app.frontend_app``."""
-    autoscaling = serve_settings.autoscaling
     return InprocessFrontend.options(
-        max_ongoing_requests=serve_settings.max_ongoing_requests,
-        autoscaling_config={
-            "min_replicas": autoscaling.min_replicas,
-            "max_replicas": autoscaling.max_replicas,
-            "target_ongoing_requests": autoscaling.target_ongoing_requests,
-        },
-        ray_actor_options={"num_cpus": 0.5},
+        **replica_options(serve_settings),
     ).bind(model, triton.model_dump(mode="json"), frontend.model_dump(mode="json"))
 
 
