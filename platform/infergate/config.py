@@ -90,6 +90,18 @@ class FrontendSettings(Frozen):
     )
     triton_grpc_url: str = Field("127.0.0.1:8101", description="Triton gRPC address.")
     triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of one Triton call.")
+    batch_max_rows: int = Field(
+        64,
+        ge=1,
+        description="Most rows in one Triton call when a replica coalesces concurrent "
+        "requests; capped at triton.max_batch_size. 1 turns coalescing off.",
+    )
+    batch_max_in_flight: int = Field(
+        4,
+        ge=1,
+        description="Triton calls per model a replica keeps out at once; requests arriving "
+        "meanwhile wait and leave together as the next call.",
+    )
     artifact_cache_dir: Path = Field(
         PROJECT_ROOT / ".infergate" / "artifacts",
         description="Where replicas keep tokenizers and metadata downloaded from MLflow.",
@@ -166,6 +178,7 @@ class StackConfig(Frozen):
         return self.frontend.model_copy(
             update={
                 "triton_grpc_url": self.triton.grpc_url,
+                "batch_max_rows": min(self.frontend.batch_max_rows, self.triton.max_batch_size),
                 "tracking_uri": self.mlflow.uri,
                 "artifact_cache_dir": self.state_dir / "artifacts",
             }

@@ -22,6 +22,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
+from infergate.batching import BatchingBackend
 from infergate.config import FrontendSettings, ServeSettings
 from infergate.errors import BackendUnavailable
 from infergate.frontend import Frontend, ServedModel, error_response
@@ -85,7 +86,7 @@ class FrontendDeployment:
     async def __init__(self) -> None:
         self._settings: FrontendSettings | None = None
         self._frontend: Frontend | None = None
-        self._backend: TritonBackend | None = None
+        self._backend: BatchingBackend | None = None
         self._loaded: dict[tuple[str, str], ModelRuntime] = {}
         self._served: list[ServedVersion] = []
         self._table_version = 0
@@ -97,9 +98,17 @@ class FrontendDeployment:
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         self._settings = FrontendSettings.model_validate(config["settings"])
-        url, timeout = self._settings.triton_grpc_url, self._settings.triton_timeout_s
-        if self._backend is None or self._backend.url != url:
-            self._backend = TritonBackend(url, timeout)
+        settings = self._settings
+        triton = self._backend.backend if self._backend else None
+        if not isinstance(triton, TritonBackend) or (triton.url, triton.timeout_s) != (
+            settings.triton_grpc_url,
+            settings.triton_timeout_s,
+        ):
+            triton = TritonBackend(settings.triton_grpc_url, settings.triton_timeout_s)
+        # Calls in flight finish on the batcher they left from.
+        self._backend = BatchingBackend(
+            triton, max_rows=settings.batch_max_rows, max_in_flight=settings.batch_max_in_flight
+        )
         self._apply(self._served)
 
     def _apply(self, served: list[ServedVersion]) -> None:

@@ -1,0 +1,177 @@
+"""Coalesce the concurrent requests of one replica into one Triton call per model.
+
+Every request that reaches a replica while a call to the same Triton model is in flight
+waits in that model's lane; when a call returns (or fewer than ``max_in_flight`` calls are
+out), everything waiting leaves together as one request of stacked rows. Nothing ever
+waits for company: alone, a request goes out at once, so concurrency 1 pays no delay, and
+under load the batches grow by themselves. One call instead of N saves what is paid per
+call on both sides: building the gRPC message in Python, Triton's request handling, and
+the Python-backend stub's per-request work.
+
+Right-padding rows of different lengths is invisible in the results because every served
+graph pools with the attention mask (see ``infergate.triton.backend_model``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from infergate.errors import BackendUnavailable, InfergateError
+from infergate.runtime import Backend
+
+PAD_ID = 0  # any id works under mask 0; BERT's [PAD] is 0
+
+
+@dataclass
+class _Waiting:
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    output_name: str
+    future: asyncio.Future[np.ndarray]
+
+    @property
+    def rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass
+class _Lane:
+    """The requests waiting for one Triton model, and how many calls it has out."""
+
+    waiting: deque[_Waiting] = field(default_factory=deque)
+    in_flight: int = 0
+
+
+class BatchingBackend:
+    """A ``Backend`` that sends concurrent requests for the same model as one call.
+
+    Meant for one asyncio event loop (a replica's). ``max_rows`` caps the rows of one call
+    (Triton's ``max_batch_size``); a single request larger than that goes out alone.
+    ``max_in_flight`` calls per model may be out at once, so Triton can run one batch
+    while the replica prepares the next.
+    """
+
+    def __init__(self, backend: Backend, *, max_rows: int, max_in_flight: int) -> None:
+        if max_rows < 1 or max_in_flight < 1:
+            raise ValueError("max_rows and max_in_flight must be at least 1")
+        self.backend = backend
+        self.max_rows = max_rows
+        self.max_in_flight = max_in_flight
+        self._lanes: dict[str, _Lane] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.calls = 0  # Triton calls made, for tests and statistics
+
+    async def infer(
+        self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
+    ) -> np.ndarray:
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        lane = self._lanes.setdefault(model, _Lane())
+        lane.waiting.append(_Waiting(input_ids, attention_mask, output_name, future))
+        self._dispatch(model, lane)
+        return await future
+
+    def _dispatch(self, model: str, lane: _Lane) -> None:
+        while lane.waiting and lane.in_flight < self.max_in_flight:
+            batch = self._take(lane)
+            if not batch:  # every waiting caller gave up
+                continue
+            lane.in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._call(model, lane, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _take(self, lane: _Lane) -> list[_Waiting]:
+        """The next batch: waiting requests in arrival order, up to ``max_rows`` rows, all
+        for the same output (a model has one, but the caller names it)."""
+        batch: list[_Waiting] = []
+        rows = 0
+        while lane.waiting:
+            head = lane.waiting[0]
+            if head.future.done():  # cancelled: its client went away
+                lane.waiting.popleft()
+                continue
+            if batch and (
+                rows + head.rows > self.max_rows or head.output_name != batch[0].output_name
+            ):
+                break
+            batch.append(lane.waiting.popleft())
+            rows += head.rows
+        return batch
+
+    async def _call(self, model: str, lane: _Lane, batch: list[_Waiting]) -> None:
+        try:
+            await self._run(model, batch)
+        finally:
+            lane.in_flight -= 1
+            if lane.waiting:
+                self._dispatch(model, lane)
+            elif lane.in_flight == 0:
+                self._lanes.pop(model, None)  # a version unloaded must not keep a lane
+
+    async def _run(self, model: str, batch: list[_Waiting]) -> None:
+        try:
+            output = await self._infer(model, batch)
+        except BackendUnavailable as error:
+            _fail(batch, error)
+            return
+        except InfergateError as error:
+            if len(batch) == 1:
+                _fail(batch, error)
+                return
+            # The model rejected the batch: run each request alone so that only a faulty
+            # one fails (the same rule as the Triton model applies to its batches).
+            for item in batch:
+                await self._run(model, [item])
+            return
+        except BaseException as error:  # a bug or cancellation: nobody may wait forever
+            _fail(batch, error)
+            raise
+        start = 0
+        for item in batch:
+            stop = start + item.rows
+            if not item.future.done():
+                item.future.set_result(output[start:stop])
+            start = stop
+
+    async def _infer(self, model: str, batch: list[_Waiting]) -> np.ndarray:
+        self.calls += 1
+        first = batch[0]
+        if len(batch) == 1:
+            return await self.backend.infer(
+                model, first.input_ids, first.attention_mask, first.output_name
+            )
+        input_ids = _pad_and_stack([item.input_ids for item in batch])
+        attention_mask = _pad_and_stack([item.attention_mask for item in batch])
+        output = await self.backend.infer(model, input_ids, attention_mask, first.output_name)
+        if output.shape[0] != input_ids.shape[0]:
+            raise InfergateError(
+                f"The inference backend returned {output.shape[0]} rows for "
+                f"{input_ids.shape[0]} inputs."
+            )
+        return output
+
+    async def close(self) -> None:
+        """Wait for the calls in flight (a replica shutting down lets them finish)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _fail(batch: list[_Waiting], error: BaseException) -> None:
+    for item in batch:
+        if not item.future.done():
+            item.future.set_exception(error)
+
+
+def _pad_and_stack(arrays: list[np.ndarray]) -> np.ndarray:
+    """``[rows_i, length_i]`` arrays as one ``[sum rows, max length]`` array, right-padded."""
+    longest = max(array.shape[1] for array in arrays)
+    stacked = np.full((sum(a.shape[0] for a in arrays), longest), PAD_ID, dtype=np.int64)
+    row = 0
+    for array in arrays:
+        stacked[row : row + array.shape[0], : array.shape[1]] = array
+        row += array.shape[0]
+    return stacked

@@ -1,0 +1,191 @@
+"""The replica's request coalescing, against a backend that answers when told to."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from infergate.batching import BatchingBackend
+from infergate.errors import BackendUnavailable, InfergateError
+
+
+class HeldBackend:
+    """Records every call and answers it only when the test releases it.
+
+    Each row's output is ``[sum of its ids, number of unmasked tokens]``, so a test can
+    tell which rows came back to which caller and that padding changed nothing."""
+
+    def __init__(self, fail_when: int | None = None, error: Exception | None = None) -> None:
+        self.calls: list[tuple[str, np.ndarray, np.ndarray]] = []
+        self.release = asyncio.Event()
+        self.fail_when = fail_when  # a row whose first id is this fails the whole call
+        self.error = error
+
+    async def infer(
+        self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
+    ) -> np.ndarray:
+        self.calls.append((model, input_ids, attention_mask))
+        await self.release.wait()
+        if self.error is not None:
+            raise self.error
+        if self.fail_when is not None and (input_ids[:, 0] == self.fail_when).any():
+            raise InfergateError("the model failed on this batch")
+        masked = input_ids * attention_mask
+        return np.stack([masked.sum(axis=1), attention_mask.sum(axis=1)], axis=1).astype(np.float32)
+
+
+def tokens(*rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    longest = max(len(row) for row in rows)
+    ids = np.zeros((len(rows), longest), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)] = row
+        mask[index, : len(row)] = 1
+    return ids, mask
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_a_lone_request_goes_out_at_once() -> None:
+    async def scenario() -> None:
+        backend = HeldBackend()
+        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
+        call = asyncio.create_task(batching.infer("m", *tokens([5, 6]), "logits"))
+        await settle()
+        assert len(backend.calls) == 1  # sent before any other request arrived
+        backend.release.set()
+        np.testing.assert_array_equal(await call, [[11.0, 2.0]])
+
+    asyncio.run(scenario())
+
+
+def test_requests_arriving_during_a_call_leave_together_and_get_their_own_rows() -> None:
+    async def scenario() -> None:
+        backend = HeldBackend()
+        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
+        first = asyncio.create_task(batching.infer("m", *tokens([1]), "logits"))
+        await settle()
+        waiting = [
+            asyncio.create_task(batching.infer("m", *tokens([2, 2, 2]), "logits")),
+            asyncio.create_task(batching.infer("m", *tokens([3], [4, 4]), "logits")),
+            asyncio.create_task(batching.infer("m", *tokens([7, 7]), "logits")),
+        ]
+        await settle()
+        assert len(backend.calls) == 1  # the others wait for the call in flight
+        backend.release.set()
+        results = await asyncio.gather(first, *waiting)
+
+        assert len(backend.calls) == 2
+        _, ids, mask = backend.calls[1]
+        assert ids.shape == (4, 3)  # 1 + 2 + 1 rows, padded to the longest (3 tokens)
+        assert mask.sum() == 3 + 1 + 2 + 2
+        np.testing.assert_array_equal(results[0], [[1.0, 1.0]])
+        np.testing.assert_array_equal(results[1], [[6.0, 3.0]])
+        np.testing.assert_array_equal(results[2], [[3.0, 1.0], [8.0, 2.0]])
+        np.testing.assert_array_equal(results[3], [[14.0, 2.0]])
+
+    asyncio.run(scenario())
+
+
+def test_batches_stop_at_max_rows_and_calls_at_max_in_flight() -> None:
+    async def scenario() -> None:
+        backend = HeldBackend()
+        batching = BatchingBackend(backend, max_rows=3, max_in_flight=2)
+        calls = [
+            asyncio.create_task(batching.infer("m", *tokens(*[[n]] * 2), "logits"))
+            for n in range(1, 6)
+        ]
+        await settle()
+        # Two calls out at once, each alone (they arrived with nobody waiting).
+        assert [c[1].shape[0] for c in backend.calls] == [2, 2]
+        backend.release.set()
+        results = await asyncio.gather(*calls)
+        # Then 2 + 2 rows would exceed 3: every remaining request leaves alone.
+        assert [c[1].shape[0] for c in backend.calls] == [2, 2, 2, 2, 2]
+        for n, result in enumerate(results, start=1):
+            np.testing.assert_array_equal(result, [[n, 1.0], [n, 1.0]])
+
+    asyncio.run(scenario())
+
+
+def test_models_are_batched_apart() -> None:
+    async def scenario() -> None:
+        backend = HeldBackend()
+        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
+        calls = [
+            asyncio.create_task(batching.infer(model, *tokens([n]), "logits"))
+            for n, model in enumerate(["a", "b", "a", "b"], start=1)
+        ]
+        await settle()
+        backend.release.set()
+        await asyncio.gather(*calls)
+        assert sorted((model, ids.shape[0]) for model, ids, _ in backend.calls) == [
+            ("a", 1),
+            ("a", 1),
+            ("b", 1),
+            ("b", 1),
+        ]
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_the_model_rejects_is_retried_one_by_one() -> None:
+    async def scenario() -> None:
+        backend = HeldBackend(fail_when=9)
+        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
+        first = asyncio.create_task(batching.infer("m", *tokens([1]), "logits"))
+        await settle()
+        good = asyncio.create_task(batching.infer("m", *tokens([2]), "logits"))
+        bad = asyncio.create_task(batching.infer("m", *tokens([9]), "logits"))
+        await settle()
+        backend.release.set()
+        np.testing.assert_array_equal(await first, [[1.0, 1.0]])
+        np.testing.assert_array_equal(await good, [[2.0, 1.0]])
+        with pytest.raises(InfergateError, match="failed on this batch"):
+            await bad
+        assert [c[1].shape[0] for c in backend.calls] == [1, 2, 1, 1]
+
+    asyncio.run(scenario())
+
+
+def test_an_unavailable_backend_fails_every_waiting_request_once() -> None:
+    async def scenario() -> None:
+        backend = HeldBackend(error=BackendUnavailable("Triton is gone"))
+        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
+        calls = [asyncio.create_task(batching.infer("m", *tokens([n]), "logits")) for n in range(4)]
+        await settle()
+        backend.release.set()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(r, BackendUnavailable) for r in results)
+        assert len(backend.calls) == 2  # no retry one by one: nothing is request-specific
+
+    asyncio.run(scenario())
+
+
+def test_a_caller_that_gave_up_is_skipped() -> None:
+    async def scenario() -> None:
+        backend = HeldBackend()
+        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
+        first = asyncio.create_task(batching.infer("m", *tokens([1]), "logits"))
+        await settle()
+        gone = asyncio.create_task(batching.infer("m", *tokens([2]), "logits"))
+        kept = asyncio.create_task(batching.infer("m", *tokens([3]), "logits"))
+        await settle()
+        gone.cancel()
+        await settle()
+        backend.release.set()
+        await first
+        np.testing.assert_array_equal(await kept, [[3.0, 1.0]])
+        assert [c[1][:, 0].tolist() for c in backend.calls] == [[1], [3]]
+
+    asyncio.run(scenario())
+
+
+def test_limits_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        BatchingBackend(HeldBackend(), max_rows=0, max_in_flight=1)
