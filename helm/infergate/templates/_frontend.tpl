@@ -46,6 +46,9 @@ Environment of every Ray container.
   value: "1"
 - name: RAY_SERVE_THROUGHPUT_OPTIMIZED
   value: "1"
+# No per-request log lines parsed into Ray's HTTP metrics; infergate_requests_total counts.
+- name: RAY_SERVE_HAPROXY_METRICS_ENABLED
+  value: "0"
 - name: RAY_SERVE_HAPROXY_METRICS_PORT
   value: {{ .Values.frontend.haproxyMetricsPort | quote }}
 {{- else }}
