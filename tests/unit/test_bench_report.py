@@ -331,3 +331,25 @@ def test_a_second_ceiling_run_replaces_only_the_noisier_rows():
     merged = merge_ceiling_runs(first, second)
     assert [r["p50_ms"] for r in merged["rows"]] == [1.0, 20.0]
     assert merged["probe_labels"] == ["positive"] and merged["runs"] == 2
+
+
+def test_variants_are_parsed_and_refused_when_malformed():
+    from infergate.bench.runner import Variant
+
+    variant = Variant.parse("two-instances:INFERGATE_TRITON__INSTANCE_COUNT=2,X=a=b")
+    assert variant == Variant(
+        "two-instances", {"INFERGATE_TRITON__INSTANCE_COUNT": "2", "X": "a=b"}
+    )
+    for text in ("no-colon", ":A=1", "label:", "label:A", "label:=1"):
+        with pytest.raises(ValueError, match="LABEL:NAME=VALUE"):
+            Variant.parse(text)
+
+
+def test_a_variant_is_reported_right_after_infergate():
+    results = _results()
+    results["scenarios"]["infergate (one-instance)"] = {
+        "cells": [_cell(32, 1, 16, 400.0, 80.0, 120.0)]
+    }
+    scenario_table = markdown(results).split("## Scenarios", 1)[1].split("\n\n")[1]
+    names = [line.split(" | ")[0][2:] for line in scenario_table.splitlines()[2:]]
+    assert names == ["infergate"] * 3 + ["infergate (one-instance)", "inprocess", "naive"]

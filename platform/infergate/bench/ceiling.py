@@ -1,11 +1,12 @@
 """The ceiling: ONNX Runtime in one process on the served ONNX file, no server at all.
 
 Run as ``python -m infergate.bench.ceiling`` by the harness (its own process, so that its
-threads and memory are its own); prints one JSON document. The session is configured like
-the platform's Triton model (``infergate/triton/backend_model.py``): intra-op threads from
-``triton.ort_intra_op_threads`` (0: ONNX Runtime's default, one per core), one inter-op
-thread, sequential execution. Inputs are tokenized beforehand: the figures are the model's
-alone; tokenization is timed apart and reported beside them.
+threads and memory are its own); prints one JSON document. The session has the whole
+machine: ONNX Runtime's defaults of one intra-op thread per core and spin-waiting between
+operators, one inter-op thread and sequential execution as in the platform's Triton model
+(``infergate/triton/backend_model.py``). Inputs are tokenized
+beforehand: the figures are the model's alone; tokenization is timed apart and reported
+beside them.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ MIN_RUNS = 5
 
 
 def make_session(onnx_path: Path, intra_op_threads: int) -> Any:
-    """An ONNX Runtime session set up as the platform's Triton model sets up its own."""
+    """An ONNX Runtime session for a transformer graph (no parallel branches)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

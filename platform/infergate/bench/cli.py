@@ -42,6 +42,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         quiet_wait_s=args.wait_quiet,
         noisy_retries=args.noisy_retries,
+        variants=tuple(args.variant or ()),
     )
 
     # Stop what was started on Ctrl-C and on SIGTERM alike (SIGINT is ignored in
@@ -72,7 +73,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` to the ``infergate`` command's subparsers."""
-    from infergate.bench.runner import ALL_SCENARIOS
+    from infergate.bench.runner import ALL_SCENARIOS, Variant
+
+    def variant(text: str) -> Variant:
+        try:
+            return Variant.parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
 
     bench = subparsers.add_parser(
         "bench",
@@ -103,6 +110,14 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         default=0.0,
         metavar="SECONDS",
         help="before each cell, wait up to this long for other load on the box to calm down",
+    )
+    bench.add_argument(
+        "--variant",
+        action="append",
+        type=variant,
+        metavar="LABEL:NAME=VALUE[,...]",
+        help="also measure infergate with these environment settings, side by side; "
+        "repeatable (e.g. 'one-instance:INFERGATE_TRITON__INSTANCE_COUNT=1')",
     )
     bench.add_argument("--check", action="store_true", help="exit 2 when a target is missed")
     bench.set_defaults(func=cmd_bench)

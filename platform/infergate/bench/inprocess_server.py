@@ -4,9 +4,9 @@ Prices the Triton hop. Everything but the backend is the platform's own: HAProxy
 a Ray Serve deployment with the platform's replica options and autoscaling, and
 :class:`infergate.frontend.Frontend` with its parsing, limits, tokenizer, post-processing,
 Ray metrics and drift monitors. The backend, :class:`OrtBackend`, replaces the gRPC call to
-Triton with ONNX Runtime in the replica, batching concurrent calls the way Triton's dynamic
-batcher does (one batch in flight, up to ``triton.max_batch_size`` rows, waiting at most
-``triton.max_queue_delay_us`` after the oldest request), with the same thread settings.
+Triton with ONNX Runtime in the replica; concurrent requests are coalesced into one batch
+(up to ``triton.max_batch_size`` rows, one batch at a time) by the platform's own
+:class:`~infergate.batching.BatchingBackend`.
 
 Not included: the replica's report of canary counters to the stats actor (once a second).
 
@@ -25,8 +25,6 @@ import os
 import signal
 import sys
 import threading
-import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
+from infergate.batching import BatchingBackend
 from infergate.config import FrontendSettings, ServeSettings, TritonSettings, load_config
 from infergate.errors import InfergateError
 from infergate.frontend import Frontend, ServedModel
@@ -46,83 +45,32 @@ from infergate.serve_app import replica_options
 from infergate.tokenization import TextTokenizer
 
 log = logging.getLogger(__name__)
-PAD_VALUE = 0
-
-
-def pad_and_stack(arrays: list[np.ndarray]) -> np.ndarray:
-    """Stack ``[rows_i, length_i]`` arrays into ``[sum rows, max length]``, right-padded."""
-    if len(arrays) == 1:
-        return arrays[0]
-    longest = max(array.shape[1] for array in arrays)
-    stacked = np.full((sum(a.shape[0] for a in arrays), longest), PAD_VALUE, dtype=np.int64)
-    row = 0
-    for array in arrays:
-        stacked[row : row + array.shape[0], : array.shape[1]] = array
-        row += array.shape[0]
-    return stacked
 
 
 class OrtBackend:
-    """The front-end's ``Backend`` protocol on ONNX Runtime in this process.
-
-    Calls queue up; one task runs them in batches in a single worker thread (ONNX Runtime
-    releases the GIL, so the event loop keeps parsing and tokenizing meanwhile).
+    """The front-end's ``Backend`` protocol on ONNX Runtime in this process: each call is
+    one ``session.run`` in a worker thread (ONNX Runtime releases the GIL, so the event
+    loop keeps parsing and tokenizing meanwhile). The replica wraps it in the same
+    :class:`~infergate.batching.BatchingBackend` that coalesces its Triton calls.
     """
 
-    def __init__(
-        self, onnx_path: Path, *, max_batch_size: int, max_queue_delay_us: int, threads: int
-    ) -> None:
+    def __init__(self, onnx_path: Path, *, threads: int) -> None:
         from infergate.bench.ceiling import make_session
 
         self._session = make_session(onnx_path, threads)
-        self._max_rows = max_batch_size
-        self._delay_s = max_queue_delay_us / 1e6
-        self._pending: deque[tuple[np.ndarray, np.ndarray, str, float, asyncio.Future]] = deque()
-        self._drainer: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
 
     async def infer(
         self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
     ) -> np.ndarray:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
-        self._pending.append((input_ids, attention_mask, output_name, time.monotonic(), future))
-        if self._drainer is None or self._drainer.done():
-            self._drainer = loop.create_task(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._pending:
-            rows = sum(item[0].shape[0] for item in self._pending)
-            wait = self._pending[0][3] + self._delay_s - time.monotonic()
-            if rows < self._max_rows and wait > 0:
-                await asyncio.sleep(wait)
-            batch = [self._pending.popleft()]
-            rows = batch[0][0].shape[0]
-            while self._pending and rows + self._pending[0][0].shape[0] <= self._max_rows:
-                if self._pending[0][2] != batch[0][2]:
-                    break
-                rows += self._pending[0][0].shape[0]
-                batch.append(self._pending.popleft())
-            ids = pad_and_stack([item[0] for item in batch])
-            mask = pad_and_stack([item[1] for item in batch])
-            try:
-                output = await loop.run_in_executor(
-                    self._executor, self._run, batch[0][2], ids, mask
-                )
-            except Exception as exc:
-                log.warning("ONNX Runtime failed on a batch of %d rows: %s", len(ids), exc)
-                for item in batch:
-                    if not item[4].done():
-                        item[4].set_exception(InfergateError("The model failed on this batch."))
-                continue
-            start = 0
-            for item in batch:
-                stop = start + item[0].shape[0]
-                if not item[4].done():  # the request may have been cancelled meanwhile
-                    item[4].set_result(output[start:stop])
-                start = stop
+        try:
+            return await loop.run_in_executor(
+                self._executor, self._run, output_name, input_ids, attention_mask
+            )
+        except Exception as exc:
+            log.warning("ONNX Runtime failed on %d rows: %s", len(input_ids), exc)
+            raise InfergateError("The model failed on this batch.") from exc
 
     def _run(self, output_name: str, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return self._session.run([output_name], {"input_ids": ids, "attention_mask": mask})[0]
@@ -137,11 +85,12 @@ class InprocessFrontend:
 
         t = TritonSettings.model_validate(triton)
         spec = Spec.from_dict(model["spec"])
-        backend = OrtBackend(
-            Path(model["onnx"]),
-            max_batch_size=t.max_batch_size,
-            max_queue_delay_us=t.max_queue_delay_us,
-            threads=t.ort_intra_op_threads,
+        # One session with a thread per core (ONNX Runtime's default) has the machine,
+        # as the ceiling does; one batch at a time, as many rows as Triton would take.
+        backend = BatchingBackend(
+            OrtBackend(Path(model["onnx"]), threads=0),
+            max_rows=t.max_batch_size,
+            max_in_flight=1,
         )
         served = ServedVersion(model["name"], model["version"], spec.task, model["onnx"])
         tokenizer = TextTokenizer.from_dir(Path(model["tokenizer"]), spec.max_length)

@@ -292,7 +292,7 @@ def markdown(results: dict[str, Any]) -> str:
             for r in ceiling.get("rows", [])
         ),
     )
-    out += ["", "Intra-op threads as the platform's Triton model; inputs tokenized beforehand. "
+    out += ["", "One session, a thread per core; inputs tokenized beforehand. "
             "A row disturbed by other load (over 10% of a core) was measured again."]  # fmt: skip
     out += ["", "## Scenarios", ""]
     rows, failures = [], []
@@ -393,7 +393,12 @@ def _loads(values: list[float] | None) -> str:
 
 def _scenarios(results: dict[str, Any]) -> list[str]:
     names = list(results.get("scenarios", {}))
-    return sorted(names, key=lambda n: SCENARIO_ORDER.index(n) if n in SCENARIO_ORDER else 99)
+
+    def rank(name: str) -> tuple[int, str]:
+        base = name.split(" (", 1)[0]  # a variant "infergate (label)" follows infergate
+        return (SCENARIO_ORDER.index(base) if base in SCENARIO_ORDER else 99, name)
+
+    return sorted(names, key=rank)
 
 
 def _memory_rows(results: dict[str, Any]) -> list[list[str]]:

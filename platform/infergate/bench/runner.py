@@ -24,7 +24,7 @@ from typing import Any
 from infergate.bench import procfs
 from infergate.bench.loadgen import HttpTarget, run_load, run_sync, send_once
 from infergate.bench.prepare import PreparedModel, prepare_model
-from infergate.bench.scenarios import SCENARIOS, Scenario
+from infergate.bench.scenarios import SCENARIOS, InfergateStack, Scenario
 from infergate.bench.workload import PROBE_TEXTS, Cell, Profile, TextSets, build_text_sets
 from infergate.config import PROJECT_ROOT, load_config
 
@@ -38,7 +38,31 @@ NOISY_CPU_PERCENT = 30.0
 # a third of their throughput to 20% of a core taken by something else (measured here), so
 # it is held to a stricter standard.
 CEILING_NOISY_CPU_PERCENT = 10.0
+# The ceiling has the whole machine: one session, ONNX Runtime's default of a thread per
+# core, whatever the platform's Triton instances use.
+CEILING_THREADS = 0
 Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The infergate scenario once more under other settings, measured in the same run:
+    how one change is priced side by side (``infergate bench --variant``)."""
+
+    label: str
+    env: dict[str, str]
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        """``LABEL:NAME=VALUE[,NAME=VALUE...]``, names being environment variables."""
+        label, sep, assignments = text.partition(":")
+        pairs = [item.partition("=") for item in assignments.split(",") if item]
+        if not sep or not label.strip() or not pairs or any(not p[1] or not p[0] for p in pairs):
+            raise ValueError(
+                f"variant {text!r}: expected LABEL:NAME=VALUE[,NAME=VALUE...], e.g. "
+                "'no-coalescing:INFERGATE_FRONTEND__BATCH_MAX_ROWS=1'"
+            )
+        return cls(label.strip(), {name.strip(): value for name, _, value in pairs})
 
 
 @dataclass(frozen=True)
@@ -52,6 +76,7 @@ class BenchOptions:
     timeout_s: float = 60.0
     quiet_wait_s: float = 0.0  # per cell, how long to wait for other load to calm down
     noisy_retries: int = 2  # measurements disturbed by other load are repeated this often
+    variants: tuple[Variant, ...] = ()
 
 
 def machine_info() -> dict[str, Any]:
@@ -178,9 +203,7 @@ def _measure_once(
     }
 
 
-def run_ceiling(
-    prepared: PreparedModel, profile: Profile, threads: int, options: BenchOptions
-) -> dict[str, Any]:
+def run_ceiling(prepared: PreparedModel, profile: Profile, options: BenchOptions) -> dict[str, Any]:
     command = [
         sys.executable,
         "-m",
@@ -190,7 +213,7 @@ def run_ceiling(
         f"--spec={prepared.served_dir / 'infergate.json'}",
         "--lengths=" + ",".join(map(str, profile.token_lengths)),
         f"--duration={profile.ceiling_duration_s}",
-        f"--threads={threads}",
+        f"--threads={CEILING_THREADS}",
         f"--retries={options.noisy_retries}",
         f"--noisy-cpu-percent={CEILING_NOISY_CPU_PERCENT}",
         f"--quiet-wait={options.quiet_wait_s}",
@@ -318,9 +341,7 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
         if options.quiet_wait_s > 0:
             wait_for_quiet([], options.quiet_wait_s, say)
         try:
-            results["ceiling"] = run_ceiling(
-                prepared, profile, config.triton.ort_intra_op_threads, options
-            )
+            results["ceiling"] = run_ceiling(prepared, profile, options)
             reference_labels = results["ceiling"]["probe_labels"]
         except Exception as exc:
             results["ceiling"] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -335,11 +356,17 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
             results["scenarios"][name] = run_scenario(
                 scenario, texts, profile, reference_labels, options, say
             )
+        for variant in options.variants:
+            workdir = Path(tmp) / f"variant-{len(results['scenarios'])}"
+            workdir.mkdir()
+            scenario = InfergateStack(prepared, workdir, variant.env, label=variant.label)
+            record = run_scenario(scenario, texts, profile, reference_labels, options, say)
+            results["scenarios"][scenario.name] = {**record, "env": variant.env}
     ceiling = results["ceiling"] or {}
     if any(row.get("noisy") for row in ceiling.get("rows", [])):
         say("[ceiling] some rows were disturbed by other load: measuring them again")
         try:
-            again = run_ceiling(prepared, profile, config.triton.ort_intra_op_threads, options)
+            again = run_ceiling(prepared, profile, options)
             results["ceiling"] = merge_ceiling_runs(ceiling, again)
         except Exception as exc:
             say(f"[ceiling] second run failed: {exc}")

@@ -159,11 +159,23 @@ class InfergateStack(Scenario):
     description = "infergate end to end: HAProxy -> Ray Serve front-end -> gRPC -> Triton"
     path = f"/v1/models/{MODEL_NAME}/predict"
 
-    def __init__(self, prepared: PreparedModel, workdir: Path) -> None:
+    def __init__(
+        self,
+        prepared: PreparedModel,
+        workdir: Path,
+        extra_env: dict[str, str] | None = None,
+        label: str | None = None,
+    ) -> None:
+        """``extra_env`` (settings such as ``INFERGATE_TRITON__INSTANCE_COUNT``) makes this
+        a variant, named ``infergate (label)``."""
         super().__init__(prepared, workdir)
         self.state_dir = workdir / "stack"
         self.pid: int | None = None
         self.env: dict[str, str] = {}
+        self.extra_env = dict(extra_env or {})
+        if label:
+            self.name = f"infergate ({label})"
+            self.description += " with " + ", ".join(f"{k}={v}" for k, v in self.extra_env.items())
 
     def _cli(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         command = [INFERGATE, *args, "--state-dir", str(self.state_dir)]
@@ -175,7 +187,7 @@ class InfergateStack(Scenario):
         self.state_dir.mkdir(parents=True)
         # A copy: the stack writes to its store (webhooks), the cache must stay as built.
         shutil.copytree(self.prepared.store_dir, self.state_dir / "store")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        env = {**os.environ, **self.extra_env, "HF_HUB_OFFLINE": "1"}
         for name in STACK_PORTS:
             env[f"INFERGATE_{name}"] = str(free_port())
         env["INFERGATE_MLFLOW__STORE_DIR"] = str(self.state_dir / "store")
