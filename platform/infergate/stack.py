@@ -56,6 +56,17 @@ FAST_INGRESS_ENV = {
     # default is sized for remote nodes, here HAProxy reloads in well under a second.
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5",
 }
+
+
+def use_fast_ingress(stats_port: int, metrics_port: int) -> None:
+    """Ask the Ray Serve started next in this process for ``FAST_INGRESS_ENV``; variables
+    the caller exported win."""
+    for name, value in FAST_INGRESS_ENV.items():
+        os.environ.setdefault(name, value)
+    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(stats_port)
+    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(metrics_port)
+
+
 MLFLOW_ENV = {
     # Webhooks to a platform on localhost need both (MLflow blocks private hosts by default).
     "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https",
@@ -209,10 +220,7 @@ class Stack:
             self._serve_started, self._app_deployed = True, True
             return
         if s.fast_ingress:
-            for name, value in FAST_INGRESS_ENV.items():  # what the caller set wins
-                os.environ.setdefault(name, value)
-            os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(s.haproxy_stats_port)
-            os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(s.haproxy_metrics_port)
+            use_fast_ingress(s.haproxy_stats_port, s.haproxy_metrics_port)
         for attempt in range(1, RAY_START_ATTEMPTS + 1):
             try:
                 ray.init(

@@ -1,8 +1,9 @@
 """`infergate bench --smoke` end to end on the cheap scenarios: the in-process ceiling, the
-naive FastAPI/PyTorch server and the Triton ensemble, all real processes on free ports.
+naive FastAPI/PyTorch server, the Triton ensemble and the Ray Serve floor, all real
+processes on free ports.
 
-The whole stack and the in-process Ray Serve app are left out here only because they take
-longer to start; `infergate bench --quick` runs all five. The first run on a machine also
+The whole stack and the in-process front-end are left out here only because they take
+longer to start; `infergate bench --quick` runs them all. The first run on a machine also
 builds the benchmark model (about a minute and a half); later runs reuse it.
 """
 
@@ -19,7 +20,7 @@ import pytest
 from infergate.bench.workload import PROBE_TEXTS, TARGET_CELLS
 
 pytestmark = pytest.mark.e2e
-SCENARIOS = ("naive", "ensemble")
+SCENARIOS = ("naive", "ensemble", "floor")
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +49,16 @@ def test_ceiling_measured_on_the_served_file(results):
 def test_every_cell_measured_without_errors(results, name):
     record = results["scenarios"][name]
     assert "error" not in record, record.get("log_tail")
-    assert record["probe"]["labels"] == ["positive", "negative"] and len(PROBE_TEXTS) == 2
-    assert record["probe"]["agrees_with_ceiling"] is True
+    assert len(PROBE_TEXTS) == 2
+    if name == "floor":  # answers without the model: one empty output per text
+        assert record["probe"] == {
+            "status": 200,
+            "labels": [None, None],
+            "agrees_with_ceiling": None,
+        }
+    else:
+        assert record["probe"]["labels"] == ["positive", "negative"]
+        assert record["probe"]["agrees_with_ceiling"] is True
     cells = {(c["concurrency"], c["texts"], c["tokens"]): c for c in record["cells"]}
     assert set(cells) == {(c.concurrency, c.texts, c.tokens) for c in TARGET_CELLS}
     for cell in cells.values():
@@ -78,6 +87,14 @@ def test_ratios_computed_and_missing_targets_reported(results):
     targets = results["targets"]
     assert len(targets) == 8
     assert all(t["passed"] is None and "infergate" in t["note"] for t in targets)
+
+
+def test_the_floor_bounds_a_ray_serve_front_end(results):
+    [budget] = results["cpu_budget"]
+    assert budget["tokens"] == 16 and budget["infergate_share"] is None
+    # A request through Ray Serve costs CPU even when it does nothing, so the best share a
+    # front-end on it could reach is below 1.
+    assert budget["floor_cpu_ms_per_request"] > 0 and 0 < budget["bound_share"] < 1
 
 
 def test_results_folder_has_a_readable_report(results, tmp_path: Path):

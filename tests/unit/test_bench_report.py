@@ -353,3 +353,29 @@ def test_a_variant_is_reported_right_after_infergate():
     scenario_table = markdown(results).split("## Scenarios", 1)[1].split("\n\n")[1]
     names = [line.split(" | ")[0][2:] for line in scenario_table.splitlines()[2:]]
     assert names == ["infergate"] * 3 + ["infergate (one-instance)", "inprocess", "naive"]
+
+
+def test_cpu_budget_bounds_what_a_front_end_could_reach():
+    from infergate.bench.report import cpu_budget
+
+    results = _results()
+    results["ceiling"]["rows"][1]["cpu_ms_per_sequence"] = 2.0  # 1000 seq/s on 2 cores
+    floor = _cell(32, 1, 16, 1500.0, 20.0, 30.0)
+    floor["server_cpu_percent"] = {"total": 150.0}  # 1.5 cores / 1500 req/s = 1 ms each
+    results["scenarios"]["floor"] = {"cells": [floor]}
+    [budget] = cpu_budget(results)
+    assert budget["model_cpu_ms_per_sequence"] == 2.0
+    assert budget["floor_cpu_ms_per_request"] == pytest.approx(1.0)
+    # infergate: 150 % of a core at 500 req/s.
+    assert budget["infergate_cpu_ms_per_request"] == pytest.approx(3.0)
+    # 2 cores / (2 + 1) ms = 667 req/s, two thirds of the ceiling's 1000.
+    assert budget["bound_share"] == pytest.approx(2 / 3)
+    assert budget["infergate_share"] == pytest.approx(0.5)
+    assert "| 16 | 2.00 | 1.00 | 3.00 | 0.67 | 0.50 |" in markdown(results)
+
+
+def test_no_budget_without_a_floor_or_the_ceiling_cpu():
+    from infergate.bench.report import cpu_budget
+
+    assert cpu_budget(_results()) == []
+    assert "## CPU budget" not in markdown(_results())

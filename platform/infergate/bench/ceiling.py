@@ -73,8 +73,10 @@ def measure(
         rows += len(feeds["input_ids"])
     ordered = sorted(latencies)
     # Everything else the box did meanwhile, in percent of one core: a noise indicator.
-    other = (system_busy_s() - busy) - (time.process_time() - cpu)
+    own_cpu_s = time.process_time() - cpu
+    other = (system_busy_s() - busy) - own_cpu_s
     return {
+        "cpu_ms_per_sequence": 1e3 * own_cpu_s / rows,
         "other_cpu_percent": round(100 * max(other, 0.0) / (time.perf_counter() - began_all), 1),
         "runs": len(latencies),
         "sequences_per_s": rows / (sum(latencies) / 1e3),

@@ -10,6 +10,10 @@ Triton with ONNX Runtime in the replica; concurrent requests are coalesced into 
 
 Not included: the replica's report of canary counters to the stats actor (once a second).
 
+With ``--floor`` it serves :class:`FloorFrontend` instead, which answers without tokenizing
+or inferring: the cost of Ray Serve's ingress and replica alone, a floor under any front-end
+built on them.
+
 Run by the harness as ``python -m infergate.bench.inprocess_server``; it serves until
 SIGTERM. Configuration (ports aside) comes from ``load_config()``, so ``INFERGATE_*``
 overrides apply here as they do to the platform.
@@ -21,7 +25,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
@@ -110,6 +114,17 @@ class InprocessFrontend:
         return await self._frontend.handle(request)
 
 
+@serve.deployment(name="frontend")
+class FloorFrontend:
+    """The floor: reads and parses the request, answers one empty output per text. What
+    Ray Serve's ingress and a replica cost before any tokenizing or inference."""
+
+    async def __call__(self, request: Request) -> Response:
+        texts = orjson.loads(await request.body())["inputs"]
+        body = orjson.dumps({"model": "floor", "outputs": [{"label": None}] * len(texts)})
+        return Response(body, media_type="application/json")
+
+
 def build_app(model: dict[str, Any], serve_settings: ServeSettings, triton: TritonSettings,
               frontend: FrontendSettings) -> serve.Application:  # fmt: skip
     """The deployment with the replica options of ``infergate.serve_app.frontend_app``."""
@@ -121,7 +136,7 @@ def build_app(model: dict[str, Any], serve_settings: ServeSettings, triton: Trit
 def main(argv: list[str] | None = None) -> int:
     import ray
 
-    from infergate.stack import FAST_INGRESS_ENV
+    from infergate.stack import use_fast_ingress
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--served-dir", type=Path, required=True, help="model.onnx, tokenizer/")
@@ -131,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--haproxy-stats-port", type=int, required=True)
     parser.add_argument("--haproxy-metrics-port", type=int, required=True)
     parser.add_argument("--metrics-export-port", type=int, required=True)
+    parser.add_argument(
+        "--floor", action="store_true", help="serve the no-op FloorFrontend instead"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -145,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "spec": json.loads((served / "infergate.json").read_text()),
     }
     if config.serve.fast_ingress:
-        os.environ.update(FAST_INGRESS_ENV)
-        os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(args.haproxy_stats_port)
-        os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(args.haproxy_metrics_port)
+        use_fast_ingress(args.haproxy_stats_port, args.haproxy_metrics_port)
     ray.init(
         num_cpus=config.serve.ray_num_cpus,
         include_dashboard=False,
@@ -162,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-        app = build_app(model, config.serve, config.triton, config.frontend)
+        if args.floor:
+            app = FloorFrontend.options(**replica_options(config.serve)).bind()
+        else:
+            app = build_app(model, config.serve, config.triton, config.frontend)
         serve.run(app, name="infergate", route_prefix="/", blocking=False)
         log.info("serving %s v%s on port %d", args.name, args.version, args.port)
         while not stop.wait(0.5):

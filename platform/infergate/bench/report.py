@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-SCENARIO_ORDER = ("infergate", "inprocess", "ensemble", "naive")
+SCENARIO_ORDER = ("infergate", "inprocess", "floor", "ensemble", "naive")
 CEILING_BATCH = 32
 LATENCY_SLACK_MS = 1.5
 SINGLE_TEXT_SHARE = 0.55
@@ -216,6 +216,50 @@ def triton_hop(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def cpu_ms_per_request(row: dict[str, Any], component: str = "total") -> float | None:
+    """CPU milliseconds one request of a cell cost ``component`` (all cores together)."""
+    percent = row.get("server_cpu_percent", {}).get(component)
+    if percent is None or not row.get("requests_per_s"):
+        return None
+    return float(percent) * 10.0 / row["requests_per_s"]
+
+
+def cpu_budget(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Informational: what single-text throughput a Ray Serve front-end could reach here.
+
+    Both cores are busy at c=32, so requests/s is the machine's CPU over the CPU one
+    request costs. A request costs at least the model's own CPU per sequence (the
+    ceiling's) plus what the floor scenario spends per request on Ray Serve's ingress and
+    replica with no work at all; ``bound_share`` is that best case as a share of the
+    ceiling, to read beside the measured share.
+    """
+    cores = results.get("meta", {}).get("cpus") or 1
+    rows = []
+    for tokens in measured_tokens(results):
+        ceiling = ceiling_row(results, tokens, CEILING_BATCH)
+        floor = cell_row(results, "floor", 32, 1, tokens)
+        if not ceiling or not floor or not ceiling.get("cpu_ms_per_sequence"):
+            continue
+        model_ms, floor_ms = ceiling["cpu_ms_per_sequence"], cpu_ms_per_request(floor)
+        if floor_ms is None:
+            continue
+        bound_rps = cores * 1e3 / (model_ms + floor_ms)
+        ours = cell_row(results, "infergate", 32, 1, tokens)
+        rows.append(
+            {
+                "tokens": tokens,
+                "model_cpu_ms_per_sequence": model_ms,
+                "floor_cpu_ms_per_request": floor_ms,
+                "infergate_cpu_ms_per_request": cpu_ms_per_request(ours) if ours else None,
+                "bound_share": bound_rps / ceiling["sequences_per_s"],
+                "infergate_share": (
+                    ours["sequences_per_s"] / ceiling["sequences_per_s"] if ours else None
+                ),
+            }
+        )
+    return rows
+
+
 # -- markdown --------------------------------------------------------------------------------
 
 
@@ -353,6 +397,33 @@ def markdown(results: dict[str, Any]) -> str:
             ["scenario", "cell", "share"],
             ([s["scenario"], s["cell"], _num(s["share"], 2)] for s in shares),
         )
+    budget = cpu_budget(results)
+    if budget:
+        out += ["", "## CPU budget of a single-text request (c=32)", ""]
+        out += _table(
+            [
+                "tokens",
+                "model CPU ms/seq (ceiling)",
+                "floor CPU ms/req",
+                "infergate CPU ms/req",
+                "best share possible",
+                "infergate share",
+            ],
+            (
+                [
+                    str(b["tokens"]),
+                    _num(b["model_cpu_ms_per_sequence"], 2),
+                    _num(b["floor_cpu_ms_per_request"], 2),
+                    _num(b["infergate_cpu_ms_per_request"], 2),
+                    _num(b["bound_share"], 2),
+                    _num(b["infergate_share"], 2),
+                ]
+                for b in budget
+            ),
+        )
+        out += ["", "Best share possible: the machine's CPU over (the model's CPU per sequence "
+                "+ the floor's per request), as a share of the ceiling: a Ray Serve front-end "
+                "whose tokenizing, handler and backend call cost nothing."]  # fmt: skip
     hop = triton_hop(results)
     if hop:
         out += ["", "## Price of the Triton hop (in-process front-end vs infergate)", ""]
@@ -436,6 +507,7 @@ def write_report(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         "targets": evaluate_targets(results),
         "ceiling_shares": ceiling_shares(results),
         "triton_hop": triton_hop(results),
+        "cpu_budget": cpu_budget(results),
     }
     files = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
     files["json"].write_text(json.dumps(document, indent=2, default=str) + "\n")

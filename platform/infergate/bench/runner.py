@@ -28,7 +28,7 @@ from infergate.bench.scenarios import SCENARIOS, InfergateStack, Scenario
 from infergate.bench.workload import PROBE_TEXTS, Cell, Profile, TextSets, build_text_sets
 from infergate.config import PROJECT_ROOT, load_config
 
-ALL_SCENARIOS = ("ceiling", "infergate", "inprocess", "ensemble", "naive")
+ALL_SCENARIOS = ("ceiling", "infergate", "inprocess", "floor", "ensemble", "naive")
 DISTINCT_BODIES = 64
 # Other work on the box, in percent of one core: below QUIET a cell may start, above NOISY
 # a measurement is taken again.
@@ -262,7 +262,9 @@ def run_scenario(
         labels = scenario.labels(answer) if status == 200 else None
         record["probe"] = {"status": status, "labels": labels}
         record["probe"]["agrees_with_ceiling"] = (
-            labels == reference_labels if reference_labels is not None else None
+            labels == reference_labels
+            if reference_labels is not None and scenario.predicts
+            else None
         )
         for cell in sorted(profile.cells, key=lambda c: (c.tokens, c.texts, c.concurrency)):
             row = measure_cell(scenario, texts, cell, profile, options, say)

@@ -70,6 +70,7 @@ class Scenario(ABC):
     name: str
     description: str
     path: str
+    predicts = True  # False: answers without running the model (its labels mean nothing)
 
     def __init__(self, prepared: PreparedModel, workdir: Path) -> None:
         self.prepared = prepared
@@ -237,6 +238,8 @@ class InprocessServe(_ChildScenario):
     name = "inprocess"
     description = "infergate without Triton: HAProxy -> Ray Serve front-end with ONNX Runtime"
     path = f"/v1/models/{MODEL_NAME}/predict"
+    extra_args: tuple[str, ...] = ()
+    ready_path = "/readyz"
 
     def start(self) -> None:
         self.port = free_port()
@@ -250,10 +253,21 @@ class InprocessServe(_ChildScenario):
             f"--haproxy-stats-port={free_port()}",
             f"--haproxy-metrics-port={free_port()}",
             f"--metrics-export-port={free_port()}",
+            *self.extra_args,
         ]
         self.child = spawn(self.name, command, self.workdir / "logs", dict(os.environ))
-        url = f"http://{HOST}:{self.port}/readyz"
+        url = f"http://{HOST}:{self.port}{self.ready_path}"
         wait_until(self.child, lambda: _http_get_ok(url), START_TIMEOUT_S, "the in-process app")
+
+
+class FloorServe(InprocessServe):
+    """Ray Serve's fast ingress and a replica that parses and answers, nothing more."""
+
+    name = "floor"
+    description = "floor: HAProxy -> Ray Serve replica answering without tokenizing or inferring"
+    predicts = False
+    extra_args = ("--floor",)
+    ready_path = "/-/healthz"  # Ray Serve: 200 once a replica of the app is up
 
 
 class NaiveServer(_ChildScenario):
@@ -354,5 +368,6 @@ class EnsembleTriton(_ChildScenario):
 
 
 SCENARIOS: dict[str, type[Scenario]] = {
-    cls.name: cls for cls in (InfergateStack, InprocessServe, EnsembleTriton, NaiveServer)
+    cls.name: cls
+    for cls in (InfergateStack, InprocessServe, FloorServe, EnsembleTriton, NaiveServer)
 }
