@@ -81,7 +81,9 @@ def test_memory_is_split_by_component(results):
 
 def test_ratios_computed_and_missing_targets_reported(results):
     shares = {(s["scenario"], s["cell"]) for s in results["ceiling_shares"]}
-    assert shares == {(n, c.key) for n in SCENARIOS for c in TARGET_CELLS if c.concurrency == 32}
+    assert shares == {
+        (n, c.key) for n in SCENARIOS for c in TARGET_CELLS if c.concurrency == 32 and n != "floor"
+    }
     assert all(math.isfinite(s["share"]) and s["share"] > 0 for s in results["ceiling_shares"])
     # infergate itself was not run: its targets are listed, marked as not measured.
     targets = results["targets"]

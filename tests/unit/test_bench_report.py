@@ -379,3 +379,16 @@ def test_no_budget_without_a_floor_or_the_ceiling_cpu():
 
     assert cpu_budget(_results()) == []
     assert "## CPU budget" not in markdown(_results())
+
+
+def test_plots_leave_the_floor_out_and_colour_variants_apart():
+    from infergate.bench.plots import _plotted
+
+    results = _results()
+    results["scenarios"]["floor"] = {"cells": []}
+    results["scenarios"]["infergate (a)"] = {"cells": []}
+    results["scenarios"]["infergate (b)"] = {"cells": []}
+    plotted = dict(_plotted(results))
+    assert "floor" not in plotted
+    colours = [plotted[name] for name in ("infergate", "infergate (a)", "infergate (b)")]
+    assert len(set(colours)) == 3

@@ -10,7 +10,24 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: a headless backend, whatever the environment says
 import matplotlib.pyplot as plt
 
+from infergate.bench.report import WITHOUT_MODEL
+
 COLORS = {"infergate": "C0", "inprocess": "C2", "ensemble": "C1", "naive": "C3"}
+VARIANT_COLORS = ("C4", "C5", "C6", "C8", "C9")  # "infergate (label)", in order
+
+
+def _plotted(results: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """(scenario, colour) for every scenario drawn, variants in colours of their own."""
+    picked, variants = [], 0
+    for name in results.get("scenarios", {}):
+        if name in WITHOUT_MODEL:
+            continue
+        color = COLORS.get(name)
+        if color is None and name.startswith("infergate ("):
+            color = VARIANT_COLORS[variants % len(VARIANT_COLORS)]
+            variants += 1
+        picked.append((name, color))
+    return picked
 
 
 def _groups(results: dict[str, Any]) -> list[tuple[int, int]]:
@@ -50,7 +67,7 @@ def throughput_plot(results: dict[str, Any], path: Path) -> Path:
     groups = _groups(results)
     figure, axes = _panels(len(groups))
     for axis, (texts, tokens) in zip(axes, groups, strict=False):
-        for name in results["scenarios"]:
+        for name, color in _plotted(results):
             series = _series(results, name, texts, tokens)
             if series:
                 axis.plot(
@@ -58,7 +75,7 @@ def throughput_plot(results: dict[str, Any], path: Path) -> Path:
                     [r["sequences_per_s"] for r in series],
                     marker="o",
                     label=name,
-                    color=COLORS.get(name),
+                    color=color,
                 )
         ceiling = _ceiling(results, tokens)
         if ceiling:
@@ -81,11 +98,10 @@ def latency_plot(results: dict[str, Any], path: Path) -> Path:
     groups = _groups(results)
     figure, axes = _panels(len(groups))
     for axis, (texts, tokens) in zip(axes, groups, strict=False):
-        for name in results["scenarios"]:
+        for name, color in _plotted(results):
             series = _series(results, name, texts, tokens)
             if series:
                 x = [r["concurrency"] for r in series]
-                color = COLORS.get(name)
                 axis.plot(
                     x, [r["p50_ms"] for r in series], marker="o", color=color, label=f"{name} p50"
                 )

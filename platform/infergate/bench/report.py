@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 SCENARIO_ORDER = ("infergate", "inprocess", "floor", "ensemble", "naive")
+# Answers without running the model: no share of the ceiling, no line in the plots (its
+# requests/s would flatten every other line); it bounds the others in the CPU budget.
+WITHOUT_MODEL = frozenset({"floor"})
 CEILING_BATCH = 32
 LATENCY_SLACK_MS = 1.5
 SINGLE_TEXT_SHARE = 0.55
@@ -190,6 +193,8 @@ def ceiling_shares(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Informational: every scenario's c=32 sequences/s as a share of the ceiling's."""
     rows = []
     for name in _scenarios(results):
+        if name in WITHOUT_MODEL:
+            continue
         for cell in results["scenarios"][name].get("cells", []):
             ceiling = ceiling_row(results, cell["tokens"], CEILING_BATCH)
             if cell["concurrency"] == 32 and ceiling and ceiling["sequences_per_s"] > 0:
