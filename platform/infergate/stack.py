@@ -28,6 +28,7 @@ from infergate.controlplane import ControlPlane
 from infergate.errors import StackError
 from infergate.metrics import ROLLOUT_DECISIONS
 from infergate.processes import Child, check_ports, descendants, reap, spawn, wait_until
+from infergate.ray_start import start_ray
 from infergate.registry import CANARY, Registry, ServedVersion
 from infergate.stats import VersionCounters, merge_reports
 from infergate.triton.client import TritonControl
@@ -40,32 +41,7 @@ from infergate.triton.server import (
 
 log = logging.getLogger(__name__)
 STATE_FILE = "stack.json"
-RAY_START_ATTEMPTS = 3
 PROMETHEUS_TEMPLATE = PROJECT_ROOT / "deployments" / "prometheus.yml"
-
-# Ray Serve's HAProxy ingress and throughput-optimised mode: on two cores a no-op
-# deployment went from 165 to 2285 req/s at concurrency 32 with these two.
-FAST_INGRESS_ENV = {
-    "RAY_SERVE_ENABLE_HA_PROXY": "1",
-    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-    # HAProxy would send one log line per request to a Ray actor that parses it into
-    # Ray's own HTTP metrics: 5-8 % of a core at 600 req/s, and infergate_requests_total
-    # already counts every request. HAProxy's Prometheus endpoint stays.
-    "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
-    # A replica leaving waits this long for HAProxy to stop sending it requests; the 30 s
-    # default is sized for remote nodes, here HAProxy reloads in well under a second.
-    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5",
-}
-
-
-def use_fast_ingress(stats_port: int, metrics_port: int) -> None:
-    """Ask the Ray Serve started next in this process for ``FAST_INGRESS_ENV``; variables
-    the caller exported win."""
-    for name, value in FAST_INGRESS_ENV.items():
-        os.environ.setdefault(name, value)
-    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(stats_port)
-    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(metrics_port)
-
 
 MLFLOW_ENV = {
     # Webhooks to a platform on localhost need both (MLflow blocks private hosts by default).
@@ -198,49 +174,9 @@ class Stack:
         self.triton_control = control
 
     def _start_serve(self) -> None:
-
-        # ray.init installs C-level SIGTERM/SIGINT handlers that end the process before
-        # Python can stop the stack, orphaning Ray's own agents; keep the handlers we had.
-        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            self._init_ray()
-        finally:
-            for sig, handler in handlers.items():
-                if handler is not None:
-                    signal.signal(sig, handler)
-
-    def _init_ray(self) -> None:
-        import ray
-        from ray import serve
-
-        s = self.config.serve
-        if s.external:
-            # Ray's own RAY_ADDRESS (e.g. ray://head:10001) says which cluster to join.
-            ray.init(logging_level=logging.WARNING, log_to_driver=False)
-            self._serve_started, self._app_deployed = True, True
-            return
-        if s.fast_ingress:
-            use_fast_ingress(s.haproxy_stats_port, s.haproxy_metrics_port)
-        for attempt in range(1, RAY_START_ATTEMPTS + 1):
-            try:
-                ray.init(
-                    num_cpus=s.ray_num_cpus,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    logging_level=logging.WARNING,
-                    _metrics_export_port=s.metrics_export_port,
-                )
-                break
-            except Exception as exc:
-                # On a loaded machine Ray's GCS or raylet can miss Ray's own start-up
-                # deadline; what it left behind is cleaned up before the next try.
-                if attempt == RAY_START_ATTEMPTS or "timed out" not in str(exc).lower():
-                    raise
-                log.warning("Ray did not start in time (%s); trying again", exc)
-                ray.shutdown()
-                reap(descendants(os.getpid()), exclude={c.popen.pid for c in self.children})
-        serve.start(http_options={"host": s.host, "port": s.port})
+        start_ray(self.config.serve, keep={child.popen.pid for child in self.children})
         self._serve_started = True
+        self._app_deployed = self.config.serve.external  # KubeRay deploys it there
 
     def _start_control_plane(self) -> None:
         from infergate.serve_app import control_state

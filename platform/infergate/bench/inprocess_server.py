@@ -136,7 +136,7 @@ def build_app(model: dict[str, Any], serve_settings: ServeSettings, triton: Trit
 def main(argv: list[str] | None = None) -> int:
     import ray
 
-    from infergate.stack import use_fast_ingress
+    from infergate.ray_start import use_fast_ingress
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--served-dir", type=Path, required=True, help="model.onnx, tokenizer/")
