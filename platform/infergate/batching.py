@@ -62,8 +62,7 @@ class BatchingBackend:
         self.max_rows = max_rows
         self.max_in_flight = max_in_flight
         self._lanes: dict[str, _Lane] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.calls = 0  # Triton calls made, for tests and statistics
+        self._tasks: set[asyncio.Task[None]] = set()  # strong references while they run
 
     async def infer(
         self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
@@ -138,7 +137,6 @@ class BatchingBackend:
             start = stop
 
     async def _infer(self, model: str, batch: list[_Waiting]) -> np.ndarray:
-        self.calls += 1
         first = batch[0]
         if len(batch) == 1:
             return await self.backend.infer(
@@ -153,11 +151,6 @@ class BatchingBackend:
                 f"{input_ids.shape[0]} inputs."
             )
         return output
-
-    async def close(self) -> None:
-        """Wait for the calls in flight (a replica shutting down lets them finish)."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 def _fail(batch: list[_Waiting], error: BaseException) -> None:
