@@ -17,7 +17,7 @@ from infergate import canary_cli
 from infergate.bench import cli as bench_cli
 from infergate.config import TASKS, StackConfig, load_config
 from infergate.dashboards import cli as dashboards_cli
-from infergate.errors import InfergateError, StackError
+from infergate.errors import InfergateError, StackError, exit_code
 
 log = logging.getLogger("infergate")
 DETACH_TIMEOUT_S = 1800.0  # the first `up --demo` trains and registers two models
@@ -245,10 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     log.setLevel(logging.INFO)
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
-    except InfergateError as error:
-        print(f"error: {error.message}", file=sys.stderr)
-        return 1
+        return exit_code(lambda: args.func(args))
     except KeyboardInterrupt:
         return 130
 

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 
 class InfergateError(Exception):
     """Base class. ``status`` is the HTTP status a request failing with it gets."""
@@ -16,6 +19,16 @@ class InfergateError(Exception):
 
     def to_body(self) -> dict[str, str]:
         return {"error": self.message, "type": self.kind}
+
+
+def exit_code(command: Callable[[], int]) -> int:
+    """Run a command-line command: its exit code, or 1 after printing the message of an
+    ``InfergateError`` (no traceback: the message says what to do)."""
+    try:
+        return int(command())
+    except InfergateError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return 1
 
 
 class InvalidInput(InfergateError):

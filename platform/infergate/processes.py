@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,12 @@ def wait_until(child: Child | None, ready: Callable[[], bool], timeout_s: float,
                 return
         time.sleep(0.25)
     raise StackError(f"{what} was not ready after {timeout_s:.0f} s; see its log")
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether a GET of ``url`` answers 200 (for ``wait_until``, which absorbs errors)."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return bool(response.status == 200)
 
 
 def port_free(host: str, port: int) -> bool:

@@ -17,7 +17,6 @@ import signal
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,15 @@ from infergate.config import PROJECT_ROOT, StackConfig
 from infergate.controlplane import ControlPlane
 from infergate.errors import StackError
 from infergate.metrics import ROLLOUT_DECISIONS
-from infergate.processes import Child, check_ports, descendants, reap, spawn, wait_until
+from infergate.processes import (
+    Child,
+    check_ports,
+    descendants,
+    http_ok,
+    reap,
+    spawn,
+    wait_until,
+)
 from infergate.ray_start import start_ray
 from infergate.registry import CANARY, Registry, ServedVersion
 from infergate.stats import VersionCounters, merge_reports
@@ -52,6 +59,24 @@ MLFLOW_ENV = {
 }
 
 
+def mlflow_server_command(store_dir: Path, host: str, port: int) -> list[str]:
+    """``mlflow server`` on SQLite and local artifacts in ``store_dir``, one worker."""
+    return [
+        str(Path(sys.executable).with_name("mlflow")),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{(store_dir / 'mlflow.db').resolve()}",
+        "--artifacts-destination",
+        str((store_dir / "artifacts").resolve()),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+
+
 def _webhook_encryption_key(store_dir: Path) -> str:
     """MLflow encrypts webhook secrets with this key. Without one it draws a new key per
     server process and cannot read the webhooks it stored before a restart (HTTP 500)."""
@@ -62,11 +87,6 @@ def _webhook_encryption_key(store_dir: Path) -> str:
         path.write_bytes(Fernet.generate_key())
         path.chmod(0o600)
     return path.read_text().strip()
-
-
-def _http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as response:
-        return response.status == 200
 
 
 class Stack:
@@ -140,24 +160,11 @@ class Stack:
     def _start_mlflow(self) -> None:
         m = self.config.mlflow
         m.store_dir.mkdir(parents=True, exist_ok=True)
-        command = [
-            str(Path(sys.executable).with_name("mlflow")),
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{(m.store_dir / 'mlflow.db').resolve()}",
-            "--artifacts-destination",
-            str((m.store_dir / "artifacts").resolve()),
-            "--host",
-            m.host,
-            "--port",
-            str(m.port),
-            "--workers",
-            "1",
-        ]
+        command = mlflow_server_command(m.store_dir, m.host, m.port)
         env = {**os.environ, **MLFLOW_ENV}
         env["MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"] = _webhook_encryption_key(m.store_dir)
         child = self._spawn("mlflow", command, env)
-        wait_until(child, lambda: _http_ok(f"{m.uri}/health"), m.startup_timeout_s, "MLflow")
+        wait_until(child, lambda: http_ok(f"{m.uri}/health"), m.startup_timeout_s, "MLflow")
 
     def _start_triton(self) -> None:
         t = self.config.triton
@@ -271,7 +278,7 @@ class Stack:
         ]
         child = self._spawn("prometheus", command, dict(os.environ))
         ready = f"http://127.0.0.1:{p.port}/-/ready"
-        wait_until(child, lambda: _http_ok(ready), 30, "Prometheus")
+        wait_until(child, lambda: http_ok(ready), 30, "Prometheus")
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Child:
         child = spawn(name, command, self.log_dir, env)
@@ -292,7 +299,7 @@ class Stack:
         """Until /readyz answers 200: every served version answers through the front-end."""
         s = self.config.serve
         url = f"http://{s.host}:{s.port}/readyz"
-        wait_until(None, lambda: _http_ok(url), timeout_s, "the front-end")
+        wait_until(None, lambda: http_ok(url), timeout_s, "the front-end")
 
     def endpoints(self) -> dict[str, Any]:
         c = self.config

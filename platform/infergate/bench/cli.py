@@ -127,18 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m infergate.bench.cli bench ...``: the same command without the main CLI."""
     import logging
 
-    from infergate.errors import InfergateError
+    from infergate.errors import exit_code
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     parser = argparse.ArgumentParser(prog="infergate")
     add_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except InfergateError as error:
-        print(f"error: {error.message}", file=sys.stderr)
-        return 1
+    return exit_code(lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: a headless backend, whatever the environment says
 import matplotlib.pyplot as plt
 
-from infergate.bench.report import WITHOUT_MODEL
+from infergate.bench.report import CEILING_BATCH, WITHOUT_MODEL, ceiling_row
 
 COLORS = {"infergate": "C0", "inprocess": "C2", "ensemble": "C1", "naive": "C3"}
 VARIANT_COLORS = ("C4", "C5", "C6", "C8", "C9")  # "infergate (label)", in order
@@ -46,13 +47,6 @@ def _series(results: dict[str, Any], scenario: str, texts: int, tokens: int) -> 
     return sorted(picked, key=lambda r: r["concurrency"])
 
 
-def _ceiling(results: dict[str, Any], tokens: int) -> float | None:
-    for row in (results.get("ceiling") or {}).get("rows", []):
-        if row["tokens"] == tokens and row["batch"] == 32:
-            return float(row["sequences_per_s"])
-    return None
-
-
 def _panels(count: int) -> tuple[Any, list[Any]]:
     columns = min(count, 2) or 1
     rows = (count + columns - 1) // columns or 1
@@ -63,61 +57,71 @@ def _panels(count: int) -> tuple[Any, list[Any]]:
     return figure, flat
 
 
-def throughput_plot(results: dict[str, Any], path: Path) -> Path:
+def _by_concurrency(
+    results: dict[str, Any],
+    path: Path,
+    draw: Callable[[Any, str, str | None, list[dict]], None],
+    finish: Callable[[Any, int], None],
+) -> Path:
+    """One panel per (texts, tokens), concurrency on the x axis: ``draw`` plots one
+    scenario's series on a panel, ``finish`` adds what the panel needs beyond that."""
     groups = _groups(results)
     figure, axes = _panels(len(groups))
     for axis, (texts, tokens) in zip(axes, groups, strict=False):
         for name, color in _plotted(results):
             series = _series(results, name, texts, tokens)
             if series:
-                axis.plot(
-                    [r["concurrency"] for r in series],
-                    [r["sequences_per_s"] for r in series],
-                    marker="o",
-                    label=name,
-                    color=color,
-                )
-        ceiling = _ceiling(results, tokens)
-        if ceiling:
-            axis.axhline(
-                ceiling, color="k", linestyle="--", linewidth=1, label="ceiling (batch 32)"
-            )
+                draw(axis, name, color, series)
+        finish(axis, tokens)
         axis.set_xscale("log", base=2)
         axis.set_title(f"{texts} text(s) of ~{tokens} tokens per request")
         axis.set_xlabel("concurrency")
+    return _save(figure, path)
+
+
+def _save(figure: Any, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def throughput_plot(results: dict[str, Any], path: Path) -> Path:
+    def draw(axis: Any, name: str, color: str | None, series: list[dict]) -> None:
+        x = [r["concurrency"] for r in series]
+        axis.plot(x, [r["sequences_per_s"] for r in series], marker="o", label=name, color=color)
+
+    def finish(axis: Any, tokens: int) -> None:
+        ceiling = ceiling_row(results, tokens, CEILING_BATCH)
+        if ceiling:
+            axis.axhline(
+                ceiling["sequences_per_s"],
+                color="k",
+                linestyle="--",
+                linewidth=1,
+                label="ceiling (batch 32)",
+            )
         axis.set_ylabel("sequences / s")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+
+    return _by_concurrency(results, path, draw, finish)
 
 
 def latency_plot(results: dict[str, Any], path: Path) -> Path:
-    groups = _groups(results)
-    figure, axes = _panels(len(groups))
-    for axis, (texts, tokens) in zip(axes, groups, strict=False):
-        for name, color in _plotted(results):
-            series = _series(results, name, texts, tokens)
-            if series:
-                x = [r["concurrency"] for r in series]
-                axis.plot(
-                    x, [r["p50_ms"] for r in series], marker="o", color=color, label=f"{name} p50"
-                )
-                axis.plot(x, [r["p99_ms"] for r in series], linestyle=":", marker="x", color=color,
-                          label=f"{name} p99")  # fmt: skip
-        axis.set_xscale("log", base=2)
+    def draw(axis: Any, name: str, color: str | None, series: list[dict]) -> None:
+        x = [r["concurrency"] for r in series]
+        axis.plot(x, [r["p50_ms"] for r in series], marker="o", color=color, label=f"{name} p50")
+        axis.plot(x, [r["p99_ms"] for r in series], linestyle=":", marker="x", color=color,
+                  label=f"{name} p99")  # fmt: skip
+
+    def finish(axis: Any, tokens: int) -> None:
         axis.set_yscale("log")
-        axis.set_title(f"{texts} text(s) of ~{tokens} tokens per request")
-        axis.set_xlabel("concurrency")
         axis.set_ylabel("latency (ms)")
         axis.grid(True, alpha=0.3, which="both")
         axis.legend(fontsize="x-small", ncol=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+
+    return _by_concurrency(results, path, draw, finish)
 
 
 def memory_plot(results: dict[str, Any], path: Path) -> Path:
@@ -142,10 +146,7 @@ def memory_plot(results: dict[str, Any], path: Path) -> Path:
     axis.set_xlabel("resident memory, summed over the scenario's processes (MiB)")
     axis.invert_yaxis()
     axis.legend(fontsize="x-small", ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25))
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def write_plots(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:

@@ -61,10 +61,6 @@ class PreparedModel:
         return self.onnx_path.parent
 
     @property
-    def max_length(self) -> int:
-        return int(self.spec["max_length"])
-
-    @property
     def labels(self) -> list[str]:
         return list(self.spec.get("labels", []))
 
@@ -159,31 +155,18 @@ def _build_hf_folder(out_dir: Path) -> None:
 
 
 def _register_and_download(cache_dir: Path, say: Callable[[str], None]) -> str:
-    from infergate.processes import spawn, wait_until
+    from infergate.processes import http_ok, spawn, wait_until
     from infergate.registry import CHAMPION, Registry
-    from infergate.stack import MLFLOW_ENV
+    from infergate.stack import MLFLOW_ENV, mlflow_server_command
 
     store = cache_dir / "store"
     store.mkdir(parents=True)
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    command = [
-        str(Path(sys.executable).with_name("mlflow")),
-        "server",
-        "--backend-store-uri",
-        f"sqlite:///{store / 'mlflow.db'}",
-        "--artifacts-destination",
-        str(store / "artifacts"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
+    command = mlflow_server_command(store, "127.0.0.1", port)
     mlflow = spawn("mlflow", command, cache_dir / "logs", {**os.environ, **MLFLOW_ENV})
     try:
-        wait_until(mlflow, lambda: _http_ok(f"{uri}/health"), MLFLOW_START_TIMEOUT_S, "MLflow")
+        wait_until(mlflow, lambda: http_ok(f"{uri}/health"), MLFLOW_START_TIMEOUT_S, "MLflow")
         say("registering it with `infergate register` ...")
         register = [
             str(Path(sys.executable).with_name("infergate")),
@@ -208,13 +191,6 @@ def _register_and_download(cache_dir: Path, say: Callable[[str], None]) -> str:
         return str(version)
     finally:
         mlflow.stop()
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=2) as response:
-        return bool(response.status == 200)
 
 
 def _run(command: list[str], env: dict[str, str], what: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from infergate.bench import procfs
 from infergate.bench.loadgen import HttpTarget, run_load, run_sync, send_once
 from infergate.bench.prepare import PreparedModel, prepare_model
+from infergate.bench.report import WITHOUT_MODEL
 from infergate.bench.scenarios import SCENARIOS, InfergateStack, Scenario
 from infergate.bench.workload import PROBE_TEXTS, Cell, Profile, TextSets, build_text_sets
 from infergate.config import PROJECT_ROOT, load_config
@@ -263,7 +264,7 @@ def run_scenario(
         record["probe"] = {"status": status, "labels": labels}
         record["probe"]["agrees_with_ceiling"] = (
             labels == reference_labels
-            if reference_labels is not None and scenario.predicts
+            if reference_labels is not None and scenario.name not in WITHOUT_MODEL
             else None
         )
         for cell in sorted(profile.cells, key=lambda c: (c.tokens, c.texts, c.concurrency)):

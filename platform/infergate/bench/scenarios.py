@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ from infergate.bench.loadgen import HttpTarget
 from infergate.bench.prepare import MODEL_NAME, PreparedModel, free_port, sha256
 from infergate.config import load_config
 from infergate.errors import StackError
-from infergate.processes import Child, spawn, wait_until
+from infergate.processes import Child, http_ok, reap, spawn, wait_until
 
 HOST = "127.0.0.1"
 INFERGATE = str(Path(sys.executable).with_name("infergate"))
@@ -51,11 +50,6 @@ STACK_PORTS = (
 )
 
 
-def _http_get_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return bool(response.status == 200)
-
-
 def infergate_body(texts: Sequence[str]) -> bytes:
     return orjson.dumps({"inputs": list(texts)})
 
@@ -70,7 +64,6 @@ class Scenario(ABC):
     name: str
     description: str
     path: str
-    predicts = True  # False: answers without running the model (its labels mean nothing)
 
     def __init__(self, prepared: PreparedModel, workdir: Path) -> None:
         self.prepared = prepared
@@ -129,6 +122,9 @@ class _ChildScenario(Scenario):
         self.child = None
         self.info["leftover_processes"] = reap_session(pid)
 
+    def log_tail(self) -> str:
+        return self.child.log_tail(30) if self.child else ""
+
 
 def reap_session(session: int, grace_s: float = 10.0, settle_s: float = 3.0) -> int:
     """SIGTERM, then SIGKILL after ``grace_s``, every process still in ``session`` after
@@ -138,19 +134,8 @@ def reap_session(session: int, grace_s: float = 10.0, settle_s: float = 3.0) -> 
     while procfs.session_members(session) and time.monotonic() < deadline:
         time.sleep(0.2)
     leftovers = procfs.session_members(session)
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        for pid in leftovers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
-        deadline = time.monotonic() + grace_s
-        while procfs.session_members(session) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not procfs.session_members(session):
-            break
+    reap(leftovers, timeout_s=grace_s)
     return len(leftovers)
-
-    def log_tail(self) -> str:
-        return self.child.log_tail(30) if self.child else ""
 
 
 class InfergateStack(Scenario):
@@ -257,7 +242,9 @@ class InprocessServe(_ChildScenario):
         ]
         self.child = spawn(self.name, command, self.workdir / "logs", dict(os.environ))
         url = f"http://{HOST}:{self.port}{self.ready_path}"
-        wait_until(self.child, lambda: _http_get_ok(url), START_TIMEOUT_S, "the in-process app")
+        wait_until(
+            self.child, lambda: http_ok(url, timeout_s=5), START_TIMEOUT_S, "the in-process app"
+        )
 
 
 class FloorServe(InprocessServe):
@@ -265,7 +252,6 @@ class FloorServe(InprocessServe):
 
     name = "floor"
     description = "floor: HAProxy -> Ray Serve replica answering without tokenizing or inferring"
-    predicts = False
     extra_args = ("--floor",)
     ready_path = "/-/healthz"  # Ray Serve: 200 once a replica of the app is up
 
@@ -330,7 +316,6 @@ class EnsembleTriton(_ChildScenario):
             settings=settings,
             version=self.prepared.version,
         )
-        self._labels = self.prepared.labels
         command = server_command(settings, repository, prepare_backends(self.workdir))
         self.child = spawn(
             self.name, command, self.workdir / "logs", server_environment(os.environ)

@@ -101,10 +101,11 @@ def texts_of_length(
         chosen: list[str] = []
         for step in range(len(words)):
             word = words[(start + step) % len(words)]
-            if count_tokens(" ".join([*chosen, word])) <= tokens:
+            length = count_tokens(" ".join([*chosen, word]))
+            if length <= tokens:  # else skip the word: a shorter one may still fit
                 chosen.append(word)
-            if count_tokens(" ".join(chosen)) >= tokens:
-                break
+                if length == tokens:
+                    break
         texts.append(" ".join(chosen))
     return texts
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from infergate.dashboards import DashboardError
 from infergate.dashboards.generate import DASHBOARDS_DIR
-from infergate.errors import InfergateError
+from infergate.errors import exit_code
 
 TOKEN_ENV = "GRAFANA_TOKEN"
 
@@ -117,8 +116,4 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infergate.dashboards", description=__doc__)
     add_dashboard_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except InfergateError as error:
-        print(f"error: {error.message}", file=sys.stderr)
-        return 1
+    return exit_code(lambda: args.func(args))
