@@ -136,7 +136,7 @@ def build_app(model: dict[str, Any], serve_settings: ServeSettings, triton: Trit
 def main(argv: list[str] | None = None) -> int:
     import ray
 
-    from infergate.ray_start import use_fast_ingress
+    from infergate.ray_start import start_ray
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--served-dir", type=Path, required=True, help="model.onnx, tokenizer/")
@@ -162,22 +162,21 @@ def main(argv: list[str] | None = None) -> int:
         "reference": str(served / "reference_stats.json"),
         "spec": json.loads((served / "infergate.json").read_text()),
     }
-    if config.serve.fast_ingress:
-        use_fast_ingress(args.haproxy_stats_port, args.haproxy_metrics_port)
-    ray.init(
-        num_cpus=config.serve.ray_num_cpus,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-        _metrics_export_port=args.metrics_export_port,
+    serve_settings = config.serve.model_copy(
+        update={
+            "host": "127.0.0.1",
+            "port": args.port,
+            "external": False,
+            "haproxy_stats_port": args.haproxy_stats_port,
+            "haproxy_metrics_port": args.haproxy_metrics_port,
+            "metrics_export_port": args.metrics_export_port,
+        }
     )
-    # After ray.init, whose core worker installs a SIGTERM handler that ends the process
-    # at once (and leaves Ray's agents behind).
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+        start_ray(serve_settings, keep=set())  # keeps the handlers just installed
         if args.floor:
             app = FloorFrontend.options(**replica_options(config.serve)).bind()
         else:
@@ -187,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         while not stop.wait(0.5):
             pass
     finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        if ray.is_initialized():  # not when Ray itself failed to start
+            try:
+                serve.shutdown()
+            finally:
+                ray.shutdown()
     return 0
 
 
