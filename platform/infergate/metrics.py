@@ -6,9 +6,10 @@ metrics agent reaches every replica on it. Ray prefixes application metrics with
 ``ray_infergate_*`` back to ``infergate_*`` and drops Ray's per-process labels, so the
 names below are the names in Prometheus, in the dashboards and in the alert rules.
 
-Histograms are standard Prometheus histograms (``_bucket``/``_sum``/``_count``) with
-explicit buckets; label sets are bounded (model, version, stage, status, class,
-feature, method, role, decision).
+Histograms are standard Prometheus histogram series (``_bucket``/``_sum``/``_count``)
+with explicit buckets; replicas sum them (and their counters) in process and hand Ray the
+totals as gauges (``infergate.telemetry`` says why). Label sets are bounded (model,
+version, stage, status, class, feature, method, role, decision).
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ ROLLOUT_DECISIONS = Metric(
     "rollout_decisions_total", "counter", "Rollout decisions taken.", ("model", "decision")
 )
 
-ALL = (
+# What the front-end replicas record; the control plane counts the rollout decisions.
+FRONTEND = (
     REQUESTS,
     DURATION,
     TEXTS,
@@ -114,5 +116,5 @@ ALL = (
     EMBEDDING_NORM,
     DRIFT,
     ROLLOUT_WEIGHT,
-    ROLLOUT_DECISIONS,
 )
+ALL = (*FRONTEND, ROLLOUT_DECISIONS)

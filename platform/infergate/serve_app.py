@@ -165,10 +165,12 @@ class FrontendDeployment:
             await asyncio.sleep(POLL_INTERVAL_S)
 
     def _refresh_gauges(self) -> None:
-        """Ray drops a gauge not set again within two export intervals; set ours again."""
+        """Ray drops a gauge not set again within two export intervals; set ours again
+        (an idle replica's totals included)."""
         for version in self._served:
             self._telemetry.weight(version.name, version.version, version.role, version.weight)
         self._monitors.publish()
+        self._telemetry.flush()
 
     async def __call__(self, request: Request) -> Response:
         if self._frontend is None:

@@ -1,0 +1,79 @@
+"""In-process metric totals: Prometheus histogram semantics, exact sums, every series a
+replica sets declared once."""
+
+import numpy as np
+import pytest
+
+from infergate import metrics as m
+from infergate.runtime import Prediction, Timings
+from infergate.telemetry import RayTelemetry, Totals, series_definitions
+from infergate.tokenization import Batch
+
+
+def by_name(totals: Totals) -> dict[tuple[str, tuple], float]:
+    return {(name, tuple(sorted(tags.items()))): value for name, tags, value in totals.samples()}
+
+
+def test_histogram_buckets_are_cumulative_with_le_inclusive_and_an_inf_bucket():
+    totals = Totals()
+    values = [0.0004, 0.001, 0.0012, 10.0]  # 0.001 sits on a bound: counted in le=0.001
+    totals.observe(m.DURATION, ("m", "1", "total"), values)
+    samples = by_name(totals)
+    tags = (("model", "m"), ("stage", "total"), ("version", "1"))
+
+    def bucket(le: str) -> float:
+        return samples[("infergate_request_duration_seconds_bucket", (("le", le), *tags))]
+
+    assert [bucket(le) for le in ("0.0005", "0.001", "0.0015", "0.002", "5.0", "+Inf")] == [
+        1, 2, 3, 3, 3, 4,
+    ]  # fmt: skip
+    buckets = [k for k in samples if k[0].endswith("_bucket")]
+    assert len(buckets) == len(m.LATENCY_BUCKETS_S) + 1
+    assert samples[("infergate_request_duration_seconds_sum", tags)] == pytest.approx(sum(values))
+    assert samples[("infergate_request_duration_seconds_count", tags)] == 4
+
+
+def test_totals_keep_growing_and_label_sets_stay_apart():
+    totals = Totals()
+    totals.inc(m.REQUESTS, ("m", "1", "200"))
+    totals.inc(m.REQUESTS, ("m", "1", "200"))
+    totals.inc(m.REQUESTS, ("m", "1", "503"))
+    totals.inc(m.TEXTS, ("m", "2"), 16)
+    samples = by_name(totals)
+    assert samples[("infergate_requests_total", (("model", "m"), ("status", "200"),
+                                                 ("version", "1")))] == 2  # fmt: skip
+    assert samples[("infergate_requests_total", (("model", "m"), ("status", "503"),
+                                                 ("version", "1")))] == 1  # fmt: skip
+    assert samples[("infergate_texts_total", (("model", "m"), ("version", "2")))] == 16
+
+
+def prediction(raw: np.ndarray, labels: list[str]) -> Prediction:
+    n = len(raw)
+    batch = Batch(np.zeros((n, 4), np.int64), np.ones((n, 4), np.int64), np.full(n, 4),
+                  np.zeros(n), np.array([True] + [False] * (n - 1)))  # fmt: skip
+    return Prediction([], batch, raw, Timings(1.0, 2.0, 0.5), labels)
+
+
+def test_a_request_records_every_frontend_metric_under_a_declared_series():
+    """Each sample name is a gauge ``series_definitions`` declares, with its label names;
+    a flush (Ray not started: its metrics discard the values) takes every sample."""
+    telemetry = RayTelemetry(interval_s=3600)
+    telemetry.request("s", "1", 200, prediction(np.array([[0.2, 0.8], [0.9, 0.1]]),
+                                                ["neg", "pos"]), 0.004)  # fmt: skip
+    telemetry.request("e", "1", 200, prediction(np.ones((3, 8)), []), 0.003)
+    telemetry.request("s", "1", 404, None, 0.001)
+    declared = {name: set(labels) for name, _, labels in series_definitions()}
+    recorded = {}
+    for name, tags, _ in telemetry.totals.samples():
+        assert set(tags) == declared[name], name
+        recorded.setdefault(name.removesuffix("_bucket").removesuffix("_sum")
+                            .removesuffix("_count"), 0)  # fmt: skip
+    assert set(recorded) == {metric.full_name for metric in m.FRONTEND} - {
+        m.DRIFT.full_name,
+        m.ROLLOUT_WEIGHT.full_name,
+    }
+    samples = by_name(telemetry.totals)
+    assert samples[("infergate_predicted_class_total", (("class", "pos"), ("model", "s"),
+                                                        ("version", "1")))] == 1  # fmt: skip
+    assert samples[("infergate_truncated_texts_total", (("model", "e"), ("version", "1")))] == 1
+    telemetry.flush()
