@@ -10,7 +10,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,25 +117,37 @@ def check_ports(ports: Mapping[str, tuple[str, int, str]]) -> None:
         raise StackError("\n".join(busy))
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` in the process tree (Linux /proc)."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (0-based: state 0, parent
+    1, process group 2, session 3, utime 11, stime 12, start time 19, RSS pages 21); None
+    when the process is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def live_pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def descendants(pids: Iterable[int]) -> list[int]:
+    """Every live process below ``pids`` in the process tree (Linux /proc), sorted."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # The command name (field 2) may hold spaces; the parent pid follows its ")".
-            stat = (entry / "stat").read_text()
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
+    for pid in live_pids():
+        fields = stat_fields(pid)
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(pid)
+    found: set[int] = set()
+    todo = list(pids)
     while todo:
         for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return sorted(found)
 
 
 def reap(pids: list[int], timeout_s: float = 10.0, exclude: set[int] | None = None) -> None:
@@ -143,20 +155,18 @@ def reap(pids: list[int], timeout_s: float = 10.0, exclude: set[int] | None = No
 
     ``exclude`` spares those processes and everything below them."""
     if exclude:
-        spared = set(exclude).union(*(descendants(pid) for pid in exclude))
+        spared = set(exclude).union(descendants(exclude))
         pids = [pid for pid in pids if pid not in spared]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        while time.monotonic() < deadline and any(alive(pid) for pid in pids):
             time.sleep(0.1)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"  # a zombie is dead, only not yet collected
+def alive(pid: int) -> bool:
+    """Running, not a zombie (a zombie is dead, only not yet collected)."""
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] != "Z"

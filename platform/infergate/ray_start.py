@@ -84,5 +84,5 @@ def _start(settings: ServeSettings, keep: set[int]) -> None:
                 raise
             log.warning("Ray did not start in time (%s); trying again", exc)
             ray.shutdown()
-            reap(descendants(os.getpid()), exclude=keep)
+            reap(descendants([os.getpid()]), exclude=keep)
     serve.start(http_options={"host": settings.host, "port": settings.port})

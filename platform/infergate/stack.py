@@ -375,7 +375,7 @@ class Stack:
         self.children.clear()
         # What is left below us is Ray's: ray.shutdown() returns before its agents exit,
         # and they would hold their ports (and memory) for a while as orphans.
-        reap(descendants(os.getpid()))
+        reap(descendants([os.getpid()]))
         (self.state_dir / STATE_FILE).unlink(missing_ok=True)
 
 

@@ -145,7 +145,8 @@ def test_this_process_is_readable_from_proc():
 
     info = procfs.process_info(os.getpid())
     assert info is not None and info.rss_bytes > 0 and info.still_running()
-    assert os.getpid() in procfs.descendants([os.getpid()])
+    assert os.getpid() in procfs.tree([os.getpid()])
+    assert procfs.process_info(os.getpid(), memory=False).pss_bytes is None
 
 
 # -- targets ---------------------------------------------------------------------------------

@@ -26,11 +26,11 @@ def test_reap_ends_a_tree_and_spares_what_is_excluded():
     spared = subprocess.Popen(["sleep", "60"])
     try:
         time.sleep(0.3)
-        below = descendants(tree.pid)
+        below = descendants([tree.pid])
         assert len(below) == 2
         reap([tree.pid, *below, spared.pid], timeout_s=5, exclude={spared.pid})
         assert tree.wait(timeout=5) is not None
-        assert not descendants(tree.pid)
+        assert not descendants([tree.pid])
         assert spared.poll() is None
     finally:
         spared.kill()

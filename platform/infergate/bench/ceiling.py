@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 
 from infergate.bench.loadgen import percentile
-from infergate.bench.procfs import memory_by_component, snapshot, system_busy_s
+from infergate.bench.procfs import (
+    keep_quietest,
+    memory_by_component,
+    snapshot,
+    system_busy_s,
+    wait_for_quiet,
+)
 from infergate.bench.workload import PROBE_TEXTS, build_text_sets
 from infergate.tokenization import TextTokenizer
 
@@ -42,18 +48,6 @@ def make_session(onnx_path: Path, intra_op_threads: int) -> Any:
     return ort.InferenceSession(
         str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]
     )
-
-
-def wait_for_quiet(threshold_percent: float, max_wait_s: float) -> None:
-    """Sleep until the rest of the box uses under ``threshold_percent`` of a core over a
-    second, or ``max_wait_s`` passed (at least one second, so other load may pass)."""
-    deadline = time.monotonic() + max_wait_s
-    while True:
-        busy = system_busy_s()
-        time.sleep(1.0)
-        quiet = 100 * (system_busy_s() - busy) < threshold_percent
-        if quiet or time.monotonic() > deadline:
-            return
 
 
 def measure(
@@ -92,6 +86,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     session = make_session(Path(args.onnx), args.threads)
     output = spec["output_name"]
     text_sets = build_text_sets(Path(args.tokenizer), args.lengths)
+
+    def settle() -> None:
+        if args.quiet_wait > 0:
+            wait_for_quiet([], args.noisy_cpu_percent, args.quiet_wait)
+
     rows = []
     for tokens in args.lengths:
         pool = text_sets.by_tokens[tokens]
@@ -103,21 +102,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 batches.append(
                     {"input_ids": encoded.input_ids, "attention_mask": encoded.attention_mask}
                 )
-            attempts = [measure(session, output, batches, args.duration)]
-            while (
-                attempts[-1]["other_cpu_percent"] > args.noisy_cpu_percent
-                and len(attempts) <= args.retries
-            ):
-                wait_for_quiet(args.noisy_cpu_percent, args.quiet_wait)
-                attempts.append(measure(session, output, batches, args.duration))
-            figures = min(attempts, key=lambda a: a["other_cpu_percent"])
-            figures["attempts"] = len(attempts)
-            figures["noisy"] = figures["other_cpu_percent"] > args.noisy_cpu_percent
+            figures = keep_quietest(
+                lambda batches=batches: measure(session, output, batches, args.duration),
+                args.noisy_cpu_percent, args.retries, settle,
+            )  # fmt: skip
             rows.append({"tokens": tokens, "batch": batch_size, **figures})
             print(
                 f"  ceiling  tokens={tokens:<4} batch={batch_size:<3} "
                 f"{figures['sequences_per_s']:8.1f} seq/s  p50 {figures['p50_ms']:.2f} ms  "
-                f"other {figures['other_cpu_percent']:.0f}% ({len(attempts)} attempt(s))",
+                f"other {figures['other_cpu_percent']:.0f}% ({figures['attempts']} attempt(s))",
                 file=sys.stderr,
                 flush=True,
             )
@@ -150,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads")
     parser.add_argument("--retries", type=int, default=0, help="re-measure noisy rows")
     parser.add_argument(
-        "--quiet-wait", type=float, default=0.0, help="before a retry, wait for a quiet box"
+        "--quiet-wait",
+        type=float,
+        default=0.0,
+        help="before each row, wait (up to this long) for a quiet box",
     )
     parser.add_argument(
         "--noisy-cpu-percent", type=float, default=10.0, help="other load that means noisy"

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from infergate.processes import alive, descendants, live_pids, stat_fields
 
 PROC = Path("/proc")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -65,57 +69,24 @@ class ProcessInfo:
 
     def still_running(self) -> bool:
         """The same process (not a reuse of its pid) is alive and not a zombie."""
-        fields = _stat_fields(self.pid)
+        fields = stat_fields(self.pid)
         return fields is not None and fields[0] != "Z" and int(fields[19]) == self.start_ticks
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        raw = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces: split after it.
-    return raw[raw.rfind(")") + 2 :].split()
-
-
-def parent_map() -> dict[int, int]:
-    """pid -> parent pid of every process."""
-    parents = {}
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            if fields is not None:
-                parents[int(entry.name)] = int(fields[1])
-    return parents
 
 
 def session_members(session: int) -> list[int]:
     """Processes of a session, including those whose parent died (Ray's agents outlive
     their raylet); a child started with ``start_new_session`` leads a session of its pid."""
     members = []
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            # fields: state, ppid, pgrp, session, ...; zombies are gone already.
-            if fields is not None and int(fields[3]) == session and fields[0] != "Z":
-                members.append(int(entry.name))
+    for pid in live_pids():
+        fields = stat_fields(pid)
+        if fields is not None and int(fields[3]) == session and fields[0] != "Z":
+            members.append(pid)
     return sorted(members)
 
 
-def descendants(roots: Iterable[int]) -> list[int]:
-    """``roots`` and every process below them that is alive now."""
-    children: dict[int, list[int]] = {}
-    parents = parent_map()
-    for pid, parent in parents.items():
-        children.setdefault(parent, []).append(pid)
-    found, stack = [], [pid for pid in roots if pid in parents]
-    while stack:
-        pid = stack.pop()
-        if pid in found:
-            continue
-        found.append(pid)
-        stack.extend(children.get(pid, []))
-    return sorted(found)
+def tree(roots: Iterable[int]) -> list[int]:
+    """``roots`` that are alive and every process below them."""
+    return sorted({*filter(alive, roots), *descendants(roots)})
 
 
 def _pss_bytes(pid: int) -> int | None:
@@ -128,9 +99,10 @@ def _pss_bytes(pid: int) -> int | None:
     return None
 
 
-def process_info(pid: int) -> ProcessInfo | None:
-    """What ``/proc`` says about ``pid``; None if it is gone."""
-    fields = _stat_fields(pid)
+def process_info(pid: int, memory: bool = True) -> ProcessInfo | None:
+    """What ``/proc`` says about ``pid``; None if it is gone. ``memory=False`` skips the
+    PSS, which costs a walk of the process's page tables."""
+    fields = stat_fields(pid)
     if fields is None:
         return None
     try:
@@ -141,14 +113,13 @@ def process_info(pid: int) -> ProcessInfo | None:
     cpu_s = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     rss = int(fields[21]) * PAGE_BYTES
     cmdline = cmdline.strip()
-    return ProcessInfo(
-        pid, component_of(cmdline), cmdline[:80], cpu_s, rss, _pss_bytes(pid), int(fields[19])
-    )
+    pss = _pss_bytes(pid) if memory else None
+    return ProcessInfo(pid, component_of(cmdline), cmdline[:80], cpu_s, rss, pss, int(fields[19]))
 
 
-def snapshot(roots: Iterable[int]) -> dict[int, ProcessInfo]:
+def snapshot(roots: Iterable[int], memory: bool = True) -> dict[int, ProcessInfo]:
     """Every live process of the trees under ``roots``."""
-    infos = (process_info(pid) for pid in descendants(roots))
+    infos = (process_info(pid, memory) for pid in tree(roots))
     return {info.pid: info for info in infos if info is not None}
 
 
@@ -255,3 +226,53 @@ def system_busy_s() -> float:
     # user nice system idle iowait irq softirq steal ...: idle and iowait are not busy.
     ticks = [int(value) for value in fields[:8]]
     return (sum(ticks) - ticks[3] - ticks[4]) / CLOCK_TICKS
+
+
+def wait_for_quiet(
+    roots: Iterable[int], threshold_percent: float, max_wait_s: float,
+    say: Callable[[str], None] = lambda _: None,
+) -> float:  # fmt: skip
+    """Wait (at most ``max_wait_s``) until processes outside ``roots`` and this one use less
+    than ``threshold_percent`` of a core over a second; return the last figure.
+
+    On a shared 2-core box other work changes every figure; this only waits, the caller
+    measures anyway when the box does not calm down (and reports its 'other CPU')."""
+    roots = list(roots)
+    deadline = time.monotonic() + max_wait_s
+    waited = False
+    while True:
+        before = snapshot(roots, memory=False)
+        busy, own = system_busy_s(), time.process_time()
+        time.sleep(1.0)
+        ours = cpu_by_component(before, snapshot(roots, memory=False)).get("total", 0.0)
+        ours += time.process_time() - own
+        other = 100 * max(system_busy_s() - busy - ours, 0.0)
+        if other < threshold_percent or time.monotonic() > deadline:
+            if waited:
+                say(f"  (other load now {other:.0f}% of a core)")
+            return other
+        if not waited:
+            say(f"  waiting for the box to calm down: other load {other:.0f}% of a core")
+            waited = True
+
+
+def keep_quietest(
+    measure: Callable[[], dict[str, Any]], noisy_percent: float, retries: int,
+    settle: Callable[[], object] = lambda: None, say: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:  # fmt: skip
+    """Run ``measure`` (after ``settle``) again, at most ``retries`` more times, while other
+    work on the box used more than ``noisy_percent`` of a core during it (the figures'
+    ``other_cpu_percent``); keep the quietest attempt, saying how many it took and whether
+    it stayed noisy."""
+    attempts: list[dict[str, Any]] = []
+    while True:
+        settle()
+        attempts.append(measure())
+        other = attempts[-1]["other_cpu_percent"]
+        if other <= noisy_percent or len(attempts) > retries:
+            break
+        say(f"  noisy: other load {other:.0f}%, measuring again")
+    best = min(attempts, key=lambda attempt: attempt["other_cpu_percent"])
+    best["attempts"] = len(attempts)
+    best["noisy"] = best["other_cpu_percent"] > noisy_percent
+    return best

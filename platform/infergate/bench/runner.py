@@ -114,30 +114,6 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def wait_for_quiet(roots: list[int], max_wait_s: float, say: Say) -> float:
-    """Wait (at most ``max_wait_s``) until processes outside ``roots`` and this one use less
-    than ``QUIET_CPU_PERCENT`` of a core over a second; return the last figure.
-
-    On a shared 2-core box other work changes every figure; this only waits, it measures
-    anyway when the box does not calm down (each cell reports its 'other CPU')."""
-    deadline = time.monotonic() + max_wait_s
-    waited = False
-    while True:
-        before, busy, own = procfs.snapshot(roots), procfs.system_busy_s(), time.process_time()
-        time.sleep(1.0)
-        after = procfs.snapshot(roots)
-        ours = procfs.cpu_by_component(before, after).get("total", 0.0)
-        ours += time.process_time() - own
-        other = 100 * max(procfs.system_busy_s() - busy - ours, 0.0)
-        if other < QUIET_CPU_PERCENT or time.monotonic() > deadline:
-            if waited:
-                say(f"  (other load now {other:.0f}% of a core)")
-            return other
-        if not waited:
-            say(f"  waiting for the box to calm down: other load {other:.0f}% of a core")
-            waited = True
-
-
 def _bodies(scenario: Scenario, texts: TextSets, cell: Cell) -> list[bytes]:
     return [scenario.body(texts.request_texts(cell, i)) for i in range(DISTINCT_BODIES)]
 
@@ -154,19 +130,15 @@ def measure_cell(
     """
     target = scenario.target(_bodies(scenario, texts, cell))
     roots = scenario.roots()
-    attempts: list[dict[str, Any]] = []
-    while len(attempts) <= options.noisy_retries:
+
+    def settle() -> None:
         if options.quiet_wait_s > 0:
-            wait_for_quiet(roots, options.quiet_wait_s, say)
-        attempts.append(_measure_once(scenario, target, cell, profile, options.timeout_s))
-        if attempts[-1]["other_cpu_percent"] <= NOISY_CPU_PERCENT:
-            break
-        if len(attempts) <= options.noisy_retries:
-            say(f"  noisy: other load {attempts[-1]['other_cpu_percent']:.0f}%, measuring again")
-    row = min(attempts, key=lambda a: a["other_cpu_percent"])
-    row["attempts"] = len(attempts)
-    row["noisy"] = row["other_cpu_percent"] > NOISY_CPU_PERCENT
-    return row
+            procfs.wait_for_quiet(roots, QUIET_CPU_PERCENT, options.quiet_wait_s, say)
+
+    return procfs.keep_quietest(
+        lambda: _measure_once(scenario, target, cell, profile, options.timeout_s),
+        NOISY_CPU_PERCENT, options.noisy_retries, settle, say,
+    )  # fmt: skip
 
 
 def _measure_once(
@@ -174,7 +146,7 @@ def _measure_once(
 ) -> dict[str, Any]:
     roots, metrics_url = scenario.roots(), scenario.triton_metrics_url
     triton_before = procfs.triton_counters(metrics_url) if metrics_url else {}
-    before, busy_before = procfs.snapshot(roots), procfs.system_busy_s()
+    before, busy_before = procfs.snapshot(roots, memory=False), procfs.system_busy_s()
     result = run_sync(
         lambda: run_load(
             target,
@@ -342,7 +314,7 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
     if "ceiling" in options.scenarios:
         say("[ceiling] ONNX Runtime in one process on the served file")
         if options.quiet_wait_s > 0:
-            wait_for_quiet([], options.quiet_wait_s, say)
+            procfs.wait_for_quiet([], QUIET_CPU_PERCENT, options.quiet_wait_s, say)
         try:
             results["ceiling"] = run_ceiling(prepared, profile, options)
             reference_labels = results["ceiling"]["probe_labels"]
