@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from infergate.bench import procfs
-from infergate.bench.loadgen import HttpTarget, LoadResult, parse_head, percentile
+from infergate.bench.loadgen import (
+    HttpTarget,
+    LoadResult,
+    parse_head,
+    percentile,
+    run_load,
+    run_sync,
+)
 from infergate.bench.report import (
     ceiling_shares,
     check,
@@ -79,6 +86,54 @@ def test_target_builds_a_complete_request_and_stays_on_loopback():
     for host in ("10.0.0.1", "example.com", "0.0.0.0"):
         with pytest.raises(ValueError, match="not a loopback address"):
             HttpTarget(host, 80, "/", (b"",))
+
+
+def serve_http(statuses: list[int]):
+    """A tiny keep-alive HTTP server answering each request with the next status in turn."""
+    import asyncio
+
+    seen = {"requests": 0}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            status = statuses[seen["requests"] % len(statuses)]
+            seen["requests"] += 1
+            writer.write(f"HTTP/1.1 {status} X\r\nContent-Length: 2\r\n\r\nok".encode())
+            await writer.drain()
+
+    async def with_server(body):
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await body(port), seen["requests"]
+
+    return with_server
+
+
+@pytest.mark.parametrize("statuses", [[200], [200, 503]])
+def test_load_counts_answers_in_the_window_and_errors_by_kind(statuses):
+    with_server = serve_http(statuses)
+
+    async def load(port: int) -> LoadResult:
+        target = HttpTarget("127.0.0.1", port, "/p", (b"{}", b'{"a": 1}'))
+        return await run_load(target, concurrency=4, duration_s=0.3, warmup_s=0.1)
+
+    result, served = run_sync(lambda: with_server(load))
+    summary = result.summary()
+    assert summary["ok"] > 8 and summary["requests_per_s"] > 0
+    assert result.warmup_requests > 0
+    # Answers after the window closed and warm-up answers are served but not counted.
+    assert summary["requests"] + result.warmup_requests <= served
+    if 503 in statuses:
+        assert summary["error_kinds"] == {"HTTP 503": summary["errors"]}
+        assert abs(summary["errors"] - summary["ok"]) <= 4
+    else:
+        assert summary["errors"] == 0
+    with pytest.raises(ValueError, match="concurrency"):
+        run_sync(lambda: run_load(HttpTarget("127.0.0.1", 1, "/", (b"",)), concurrency=0,
+                                  duration_s=1.0))  # fmt: skip
 
 
 # -- workload --------------------------------------------------------------------------------

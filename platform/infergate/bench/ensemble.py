@@ -92,8 +92,8 @@ def write_ensemble_repository(
     tokenizer_dir: Path,
     spec: dict,
     settings: TritonSettings,
-    model_name: str = "sentiment",
-    version: str = "1",
+    model_name: str,
+    version: str,
 ) -> list[str]:
     """Write the three models; returns their names in load order."""
     served = triton_model_name(model_name, version)

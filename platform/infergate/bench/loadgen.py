@@ -1,15 +1,15 @@
 """A closed-loop HTTP/1.1 load generator on asyncio, for loopback servers only.
 
 ``concurrency`` workers each keep one keep-alive connection and send the next request as
-soon as the previous answer is read, for a duration or a number of requests, after a
-warm-up whose requests are not counted. Requests are prepared as bytes once, and answers are
+soon as the previous answer is read, for a duration, after a warm-up whose requests are
+not counted. Requests are prepared as bytes once, and answers are
 parsed just enough to find their end: on a 2-core box the generator shares the CPU with the
 server it measures, so it should spend as little as it can (its own CPU time is reported
 with every result). uvloop is used when installed.
 
 Counting: a request counts when its answer arrives inside the measuring window, which
 opens when the warm-up ends and closes at the first answer after the duration, but not
-before every worker could answer about twice (``min_requests``), so that a cell whose
+before every worker could answer about twice, so that a cell whose
 requests take longer than the duration is still measured rather than empty. Throughput is
 counted answers over the window's length. Requests in flight when the window closes are
 awaited (so that they do not load the next measurement) and not counted.
@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 LOOPBACK_NAMES = frozenset({"localhost"})
 MAX_CONCURRENCY = 1024
 MAX_DURATION_S = 600.0
-MAX_REQUESTS = 1_000_000
 ERROR_PAUSE_S = 0.005  # after a failed connection, so a dead server is not hammered in a loop
 T = TypeVar("T")
 
@@ -54,7 +53,6 @@ class HttpTarget:
     port: int
     path: str
     bodies: tuple[bytes, ...]
-    content_type: str = "application/json"
 
     def __post_init__(self) -> None:
         check_loopback(self.host)
@@ -67,7 +65,7 @@ class HttpTarget:
         """One complete HTTP/1.1 POST request."""
         head = (
             f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Content-Type: {self.content_type}\r\nContent-Length: {len(body)}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             "Connection: keep-alive\r\n\r\n"
         )
         return head.encode("ascii") + body
@@ -179,17 +177,13 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def _check_bounds(
-    concurrency: int, duration_s: float | None, requests: int | None, timeout_s: float
-) -> None:
+def _check_bounds(concurrency: int, duration_s: float, warmup_s: float, timeout_s: float) -> None:
     if not 1 <= concurrency <= MAX_CONCURRENCY:
         raise ValueError(f"concurrency is {concurrency}; expected 1..{MAX_CONCURRENCY}")
-    if (duration_s is None) == (requests is None):
-        raise ValueError("give exactly one of duration_s and requests")
-    if duration_s is not None and not 0 < duration_s <= MAX_DURATION_S:
+    if not 0 < duration_s <= MAX_DURATION_S:
         raise ValueError(f"duration_s is {duration_s}; expected (0, {MAX_DURATION_S}]")
-    if requests is not None and not 1 <= requests <= MAX_REQUESTS:
-        raise ValueError(f"requests is {requests}; expected 1..{MAX_REQUESTS}")
+    if not 0 <= warmup_s <= MAX_DURATION_S:
+        raise ValueError(f"warmup_s is {warmup_s}; expected 0..{MAX_DURATION_S}")
     if not 0 < timeout_s <= MAX_DURATION_S:
         raise ValueError(f"timeout_s is {timeout_s}; expected (0, {MAX_DURATION_S}]")
 
@@ -198,32 +192,26 @@ async def run_load(
     target: HttpTarget,
     *,
     concurrency: int,
-    duration_s: float | None = None,
-    requests: int | None = None,
+    duration_s: float,
     warmup_s: float = 0.0,
     timeout_s: float = 30.0,
-    min_requests: int | None = None,
 ) -> LoadResult:
     """Drive ``target`` with ``concurrency`` closed-loop workers (see the module docstring).
 
-    With ``duration_s`` the window closes at the first answer after ``duration_s`` once at
-    least ``min_requests`` (default ``2 * concurrency``) answers were counted; with
-    ``requests`` it closes at the ``requests``-th answer. Bounded in time whatever the
-    server does: the window closes after ``MAX_DURATION_S`` at the latest, and each request
-    is abandoned after ``timeout_s`` (counted as an error, ``timeout``).
+    The window closes at the first answer after ``duration_s`` once at least two answers
+    per worker were counted. Bounded in time whatever the server does: the window closes
+    after ``MAX_DURATION_S`` at the latest, and each request is abandoned after
+    ``timeout_s`` (counted as an error, ``timeout``).
     """
-    _check_bounds(concurrency, duration_s, requests, timeout_s)
-    if not 0 <= warmup_s <= MAX_DURATION_S:
-        raise ValueError(f"warmup_s is {warmup_s}; expected 0..{MAX_DURATION_S}")
-    floor = 2 * concurrency if min_requests is None else min_requests
-    wanted = requests if requests is not None else MAX_REQUESTS
+    _check_bounds(concurrency, duration_s, warmup_s, timeout_s)
+    floor = 2 * concurrency
     prepared = [target.request_bytes(body) for body in target.bodies]
     result = LoadResult(concurrency)
     cpu_start = time.process_time()
     start = time.perf_counter()
     window_start = start + warmup_s
     hard_stop = window_start + MAX_DURATION_S
-    soft_stop = window_start + duration_s if duration_s is not None else hard_stop
+    soft_stop = window_start + duration_s
     window_end: list[float] = []  # set once, by the answer that closes the window
 
     def count(ended: float, latency_ms: float, failure: str | None) -> None:
@@ -237,7 +225,7 @@ async def run_load(
         else:
             result.errors[failure] += 1
         counted = result.requests
-        if counted >= wanted or (ended >= soft_stop and counted >= floor) or ended >= hard_stop:
+        if (ended >= soft_stop and counted >= floor) or ended >= hard_stop:
             window_end.append(ended)
 
     async def worker(index: int) -> None:

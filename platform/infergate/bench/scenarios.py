@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from infergate.bench import procfs
@@ -314,6 +315,7 @@ class EnsembleTriton(_ChildScenario):
             tokenizer_dir=self.prepared.tokenizer_dir,
             spec=self.prepared.spec,
             settings=settings,
+            model_name=MODEL_NAME,
             version=self.prepared.version,
         )
         command = server_command(settings, repository, prepare_backends(self.workdir))
@@ -345,11 +347,9 @@ class EnsembleTriton(_ChildScenario):
 
     def labels(self, answer: bytes) -> list[str]:
         output = orjson.loads(answer)["outputs"][0]
-        rows, width = output["shape"]
-        data = output["data"]
+        logits = np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
         labels = self.prepared.labels
-        best = [max(range(width), key=lambda j, i=i: data[i * width + j]) for i in range(rows)]
-        return [labels[i] if labels else str(i) for i in best]
+        return [labels[i] if labels else str(i) for i in logits.argmax(axis=-1).tolist()]
 
 
 SCENARIOS: dict[str, type[Scenario]] = {
