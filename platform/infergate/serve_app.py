@@ -13,6 +13,7 @@ the control plane knows a change is live before unloading old versions from Trit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -180,6 +181,11 @@ class FrontendDeployment:
     def check_health(self) -> None:
         if self._sync_task.done():
             raise RuntimeError("the traffic table sync stopped")
+
+    def __del__(self) -> None:
+        """Ray Serve calls this when the replica shuts down: hand Ray the last totals."""
+        with contextlib.suppress(Exception):
+            self._telemetry.flush()
 
 
 def replica_options(serve_settings: ServeSettings) -> dict[str, Any]:

@@ -3,20 +3,24 @@
 ``Telemetry`` is what the front-end calls; ``RayTelemetry`` records through Ray's metrics
 API (exported by each node's Ray metrics agent), ``NullTelemetry`` records nothing.
 
-A replica adds every observation to in-process totals (``Totals``) and hands Ray the
-totals about once a second, as gauges named like Prometheus counters and histogram
-series (``_bucket{le=...}``, ``_sum``, ``_count``). Recording each observation through
+A replica adds every observation to in-process totals (``Totals``) and its owner hands
+Ray the totals about once a second (``flush``), as gauges named like Prometheus counters
+and histogram series (``_bucket{le=...}``, ``_sum``, ``_count``). Recording each observation through
 Ray's counters and histograms cost about a quarter of the platform's throughput at a
 few hundred requests a second: a dozen calls into Ray per request in the replica, and
 Ray's metrics agent replays every histogram observation (at its bucket's midpoint, so
 Ray's ``_sum`` is approximate; ours is exact).
+
+Upgrading from a version that recorded through Ray's counters needs a fresh Ray cluster:
+a node's metrics agent keeps the kind a name was first registered with, and would add
+our totals to the old counters.
 """
 
 from __future__ import annotations
 
-import time
+import math
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -57,8 +61,8 @@ Labels = tuple[str, ...]
 class Totals:
     """Counter and histogram totals of one process, read out as Prometheus samples.
 
-    Cumulative from the process's start, as Prometheus counters are: a replica that
-    restarts starts again from zero, which ``rate()`` reads as a counter reset.
+    Cumulative from the process's start, as Prometheus counters are. A replica that
+    restarts is a new Ray worker, so its totals are new series (another ``WorkerId``).
     """
 
     def __init__(self) -> None:
@@ -97,24 +101,26 @@ class Totals:
 
 
 class _Histogram:
-    __slots__ = ("bounds", "count", "counts", "sum")
+    __slots__ = ("bounds", "count", "counts", "les", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
+        self.les = [repr(float(bound)) for bound in bounds] + ["+Inf"]  # 0.005, 1.0, +Inf
         self.counts = [0] * (len(bounds) + 1)  # the last one counts values above every bound
         self.sum = 0.0
         self.count = 0
 
     def add(self, value: float) -> None:
+        if not math.isfinite(value):  # a NaN would make the sum NaN for good
+            return
         self.counts[bisect_left(self.bounds, value)] += 1  # bucket le=b holds value <= b
         self.sum += value
         self.count += 1
 
     def cumulative(self) -> Iterator[tuple[str, int]]:
-        """``(le, observations <= le)`` per bucket, Prometheus style: 0.005, 1.0, +Inf."""
-        les = [repr(float(bound)) for bound in self.bounds] + ["+Inf"]
+        """``(le, observations <= le)`` per bucket."""
         running = 0
-        for le, count in zip(les, self.counts, strict=True):
+        for le, count in zip(self.les, self.counts, strict=True):
             running += count
             yield le, running
 
@@ -131,19 +137,14 @@ def series_definitions() -> Iterator[tuple[str, str, Labels]]:
 
 
 class RayTelemetry:
-    """Totals kept in the replica, handed to Ray as gauges at most every ``interval_s``
-    (and whenever ``flush`` is called: Ray drops a gauge not set again within two of its
-    export intervals, so an idle replica's owner calls it periodically)."""
+    """Totals kept in the replica, handed to Ray as gauges by ``flush``, which the replica
+    calls about once a second (Ray drops a gauge not set again within two of its export
+    intervals, so an idle replica's totals are set again too)."""
 
-    def __init__(
-        self, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self) -> None:
         from ray.util import metrics as ray_metrics
 
         self.totals = Totals()
-        self.interval_s = interval_s
-        self._clock = clock
-        self._flushed_at = clock()
         self._gauges = {
             name: ray_metrics.Gauge(name, description=description, tag_keys=labels)
             for name, description, labels in series_definitions()
@@ -162,8 +163,6 @@ class RayTelemetry:
             totals.observe(m.DURATION, (*mv, "inference"), (timings.inference / 1e3,))
             totals.observe(m.DURATION, (*mv, "postprocess"), (timings.postprocess / 1e3,))
             self._outputs(mv, prediction)
-        if self._clock() - self._flushed_at >= self.interval_s:
-            self.flush()
 
     def _outputs(self, mv: Labels, prediction: Prediction) -> None:
         totals = self.totals
@@ -187,7 +186,6 @@ class RayTelemetry:
             totals.observe(m.EMBEDDING_NORM, mv, np.linalg.norm(raw, axis=-1).tolist())
 
     def flush(self) -> None:
-        self._flushed_at = self._clock()
         for name, tags, value in self.totals.samples():
             self._gauges[name].set(value, tags)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 
 from infergate.config import PROJECT_ROOT
 from infergate.dashboards.promql import known_metric_names
@@ -103,15 +103,29 @@ RAY_LABELS = {
 
 
 class RayAgentLike:
-    """What Ray's metrics agent exports for a front-end replica, labels and all."""
+    """What Ray's metrics agent exports for a front-end replica, labels and all: the
+    replica's totals are gauges with Prometheus series names (``infergate.telemetry``)."""
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def __init__(self) -> None:
+        self.scrapes = 0
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        self.scrapes += 1
         labels = {**RAY_LABELS, "model": "sentiment", "version": "1", "status": "200"}
-        requests = CounterMetricFamily(
-            "ray_infergate_requests", "Requests by outcome.", labels=list(labels)
+        requests = GaugeMetricFamily(
+            "ray_infergate_requests_total", "Requests by outcome.", labels=list(labels)
         )
-        requests.add_metric(list(labels.values()), 42)
+        requests.add_metric(list(labels.values()), 42 * self.scrapes)
         yield requests
+        stage = {**RAY_LABELS, "model": "sentiment", "version": "1", "stage": "total"}
+        buckets = GaugeMetricFamily(
+            "ray_infergate_request_duration_seconds_bucket", "Time per stage.",
+            labels=[*stage, "le"],
+        )  # fmt: skip
+        # Per scrape: 10 requests at or under 5 ms, 30 at or under 10 ms, none above.
+        for le, count in (("0.005", 10), ("0.01", 40), ("+Inf", 40)):
+            buckets.add_metric([*stage.values(), le], count * self.scrapes)
+        yield buckets
         serve_labels = {**RAY_LABELS, "application": "infergate", "deployment": "frontend"}
         healthy = GaugeMetricFamily(
             "ray_serve_deployment_replica_healthy", "Healthy replicas.", labels=list(serve_labels)
@@ -145,6 +159,16 @@ def test_ray_job_renames_infergate_metrics_and_drops_ray_labels(tmp_path):
             }
             assert not dropped & set(labels)
             assert query(url, "ray_infergate_requests_total")["data"]["result"] == []
+            # The replica's totals behave as a counter and a histogram once scraped.
+            buckets = "rate(infergate_request_duration_seconds_bucket[5s])"
+            p50 = f"histogram_quantile(0.5, sum by (le) ({buckets}))"
+            (median,) = wait_for(
+                lambda: query(url, p50)["data"]["result"], 15, "two scrapes of the histogram"
+            )
+            # The 20th of 40 lies in the (0.005, 0.01] bucket, a third of the way in.
+            assert float(median["value"][1]) == pytest.approx(0.005 + 0.005 * 10 / 30)
+            (requests,) = query(url, "rate(infergate_requests_total[5s])")["data"]["result"]
+            assert float(requests["value"][1]) > 0
             (healthy,) = query(url, "ray_serve_deployment_replica_healthy")["data"]["result"]
             assert "SessionName" not in healthy["metric"]
             assert healthy["metric"]["deployment"] == "frontend"

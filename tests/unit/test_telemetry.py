@@ -54,26 +54,58 @@ def prediction(raw: np.ndarray, labels: list[str]) -> Prediction:
     return Prediction([], batch, raw, Timings(1.0, 2.0, 0.5), labels)
 
 
-def test_a_request_records_every_frontend_metric_under_a_declared_series():
-    """Each sample name is a gauge ``series_definitions`` declares, with its label names;
-    a flush (Ray not started: its metrics discard the values) takes every sample."""
-    telemetry = RayTelemetry(interval_s=3600)
+class Recorder:
+    """Stands in for a Ray gauge: remembers what was set last, per label set."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple, float] = {}
+
+    def set(self, value: float, tags: dict[str, str]) -> None:
+        self.values[tuple(sorted(tags.items()))] = value
+
+
+def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
+    telemetry = RayTelemetry()
+    gauges = {name: Recorder() for name in telemetry._gauges}
+    telemetry._gauges = gauges
     telemetry.request("s", "1", 200, prediction(np.array([[0.2, 0.8], [0.9, 0.1]]),
                                                 ["neg", "pos"]), 0.004)  # fmt: skip
     telemetry.request("e", "1", 200, prediction(np.ones((3, 8)), []), 0.003)
     telemetry.request("s", "1", 404, None, 0.001)
+    assert not any(g.values for g in gauges.values())  # nothing reaches Ray before a flush
+    telemetry.flush()
+
     declared = {name: set(labels) for name, _, labels in series_definitions()}
-    recorded = {}
-    for name, tags, _ in telemetry.totals.samples():
-        assert set(tags) == declared[name], name
-        recorded.setdefault(name.removesuffix("_bucket").removesuffix("_sum")
-                            .removesuffix("_count"), 0)  # fmt: skip
-    assert set(recorded) == {metric.full_name for metric in m.FRONTEND} - {
+    samples = by_name(telemetry.totals)
+    for (name, tags), value in samples.items():
+        assert {key for key, _ in tags} == declared[name], name
+        assert gauges[name].values[tags] == value
+    recorded = {name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+                for name, _ in samples}  # fmt: skip
+    assert recorded == {metric.full_name for metric in m.FRONTEND} - {
         m.DRIFT.full_name,
         m.ROLLOUT_WEIGHT.full_name,
     }
-    samples = by_name(telemetry.totals)
     assert samples[("infergate_predicted_class_total", (("class", "pos"), ("model", "s"),
                                                         ("version", "1")))] == 1  # fmt: skip
+    assert samples[("infergate_requests_total", (("model", "s"), ("status", "404"),
+                                                 ("version", "1")))] == 1  # fmt: skip
     assert samples[("infergate_truncated_texts_total", (("model", "e"), ("version", "1")))] == 1
-    telemetry.flush()
+
+
+def test_the_control_planes_counter_is_never_a_replica_gauge():
+    # A node's Ray metrics agent keeps the kind a name was registered with first: a
+    # replica gauge of the same name would garble the control plane's counter.
+    assert m.ROLLOUT_DECISIONS not in m.FRONTEND
+    names = {name for name, _, _ in series_definitions()}
+    assert m.ROLLOUT_DECISIONS.full_name not in names
+
+
+def test_values_that_are_not_finite_are_left_out_of_histograms():
+    totals = Totals()
+    totals.observe(m.EMBEDDING_NORM, ("e", "1"), [1.5, float("nan"), float("inf"), 2.5])
+    samples = by_name(totals)
+    tags = (("model", "e"), ("version", "1"))
+    assert samples[("infergate_embedding_norm_count", tags)] == 2
+    assert samples[("infergate_embedding_norm_sum", tags)] == 4.0
+    assert samples[("infergate_embedding_norm_bucket", (("le", "+Inf"), *tags))] == 2

@@ -61,7 +61,8 @@ class OrtBackend:
     def __init__(self, onnx_path: Path, *, threads: int) -> None:
         from infergate.bench.ceiling import make_session
 
-        self._session = make_session(onnx_path, threads)
+        # No spin-waiting, as in the platform's Triton model: the replica shares the cores.
+        self._session = make_session(onnx_path, threads, spinning=False)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
 
     async def infer(
@@ -84,7 +85,7 @@ class OrtBackend:
 class InprocessFrontend:
     """The platform's front-end over :class:`OrtBackend`; one instance per replica."""
 
-    def __init__(self, model: dict[str, Any], triton: dict, frontend: dict) -> None:
+    async def __init__(self, model: dict[str, Any], triton: dict, frontend: dict) -> None:
         from infergate.telemetry import RayTelemetry
 
         t = TritonSettings.model_validate(triton)
@@ -100,7 +101,8 @@ class InprocessFrontend:
         tokenizer = TextTokenizer.from_dir(Path(model["tokenizer"]), spec.max_length)
         runtime = ModelRuntime(served, spec, tokenizer)
         runtime.reference = json.loads(Path(model["reference"]).read_text())
-        telemetry = RayTelemetry()
+        self._telemetry = telemetry = RayTelemetry()
+        self._flushing = asyncio.get_running_loop().create_task(self._flush_forever())
         models = {served.name: ServedModel(served.name, spec.task, (runtime,))}
         self._frontend = Frontend(
             FrontendSettings.model_validate(frontend),
@@ -112,6 +114,12 @@ class InprocessFrontend:
 
     async def __call__(self, request: Request) -> Response:
         return await self._frontend.handle(request)
+
+    async def _flush_forever(self) -> None:
+        """The metrics' totals go to Ray once a second, as the platform's replica does."""
+        while True:
+            await asyncio.sleep(1.0)
+            self._telemetry.flush()
 
 
 @serve.deployment(name="frontend")
