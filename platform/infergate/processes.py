@@ -126,7 +126,8 @@ def stat_fields(pid: int) -> list[str] | None:
     except OSError:
         return None
     # The command name (field 2) is in parentheses and may hold spaces: split after it.
-    return raw[raw.rfind(")") + 2 :].split()
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return fields if len(fields) > 21 else None  # read while the process was being reaped
 
 
 def live_pids() -> list[int]:

@@ -3,6 +3,7 @@ accounting, targets and the report."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 from pathlib import Path
@@ -93,21 +94,29 @@ def serve_http(statuses: list[int]):
     import asyncio
 
     seen = {"requests": 0}
+    writers: list[asyncio.StreamWriter] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while head := await reader.readuntil(b"\r\n\r\n"):
-            length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
-            status = statuses[seen["requests"] % len(statuses)]
-            seen["requests"] += 1
-            writer.write(f"HTTP/1.1 {status} X\r\nContent-Length: 2\r\n\r\nok".encode())
-            await writer.drain()
+        writers.append(writer)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                status = statuses[seen["requests"] % len(statuses)]
+                seen["requests"] += 1
+                writer.write(f"HTTP/1.1 {status} X\r\nContent-Length: 2\r\n\r\nok".encode())
+                await writer.drain()
 
     async def with_server(body):
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        async with server:
+        try:
             return await body(port), seen["requests"]
+        finally:
+            server.close()
+            for writer in writers:
+                writer.close()
+            await asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True)
 
     return with_server
 
@@ -128,7 +137,8 @@ def test_load_counts_answers_in_the_window_and_errors_by_kind(statuses):
     assert summary["requests"] + result.warmup_requests <= served
     if 503 in statuses:
         assert summary["error_kinds"] == {"HTTP 503": summary["errors"]}
-        assert abs(summary["errors"] - summary["ok"]) <= 4
+        # Served alternately; the window's edges may cut either kind (a few per worker).
+        assert abs(summary["errors"] - summary["ok"]) <= 8
     else:
         assert summary["errors"] == 0
     with pytest.raises(ValueError, match="concurrency"):
@@ -193,6 +203,21 @@ def test_memory_and_cpu_are_summed_per_component():
     assert memory["total"]["rss_mb"] == 40.0 and memory["total"]["processes"] == 3
     cpu = procfs.cpu_by_component(before, after)
     assert cpu == {"a": 0.5, "b": 1.25, "total": 1.75}
+
+
+def test_keep_quietest_measures_again_while_noisy_and_keeps_the_quietest():
+    figures = iter(
+        {"other_cpu_percent": other, "n": n} for n, other in enumerate([50.0, 35.0, 40.0, 1.0], 1)
+    )
+    waits, said = [], []
+    best = procfs.keep_quietest(
+        lambda: next(figures), 30.0, retries=2, before_retry=lambda: waits.append(1),
+        say=said.append,
+    )  # fmt: skip
+    assert (best["n"], best["attempts"], best["noisy"]) == (2, 3, True)
+    assert len(waits) == 2 and len(said) == 2
+    quiet = procfs.keep_quietest(lambda: {"other_cpu_percent": 3.0}, 30.0, retries=2)
+    assert (quiet["attempts"], quiet["noisy"]) == (1, False)
 
 
 def test_this_process_is_readable_from_proc():

@@ -37,12 +37,15 @@ WARMUP_RUNS = 3
 MIN_RUNS = 5
 
 
-def make_session(onnx_path: Path, intra_op_threads: int) -> Any:
-    """An ONNX Runtime session for a transformer graph (no parallel branches)."""
+def make_session(onnx_path: Path, intra_op_threads: int, spinning: bool = True) -> Any:
+    """An ONNX Runtime session for a transformer graph (no parallel branches).
+    ``spinning=False`` as in the platform's Triton model, for a session sharing the cores."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     return ort.InferenceSession(
@@ -87,9 +90,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     output = spec["output_name"]
     text_sets = build_text_sets(Path(args.tokenizer), args.lengths)
 
-    def settle() -> None:
-        if args.quiet_wait > 0:
-            wait_for_quiet([], args.noisy_cpu_percent, args.quiet_wait)
+    def settle() -> None:  # at least a second, so a burst of other load may pass
+        wait_for_quiet([], args.noisy_cpu_percent, args.quiet_wait)
 
     rows = []
     for tokens in args.lengths:
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "--quiet-wait",
         type=float,
         default=0.0,
-        help="before each row, wait (up to this long) for a quiet box",
+        help="before a retry, wait (up to this long) for a quiet box",
     )
     parser.add_argument(
         "--noisy-cpu-percent", type=float, default=10.0, help="other load that means noisy"

@@ -86,6 +86,7 @@ def session_members(session: int) -> list[int]:
 
 def tree(roots: Iterable[int]) -> list[int]:
     """``roots`` that are alive and every process below them."""
+    roots = list(roots)
     return sorted({*filter(alive, roots), *descendants(roots)})
 
 
@@ -258,20 +259,18 @@ def wait_for_quiet(
 
 def keep_quietest(
     measure: Callable[[], dict[str, Any]], noisy_percent: float, retries: int,
-    settle: Callable[[], object] = lambda: None, say: Callable[[str], None] = lambda _: None,
+    before_retry: Callable[[], object] = lambda: None,
+    say: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Run ``measure`` (after ``settle``) again, at most ``retries`` more times, while other
-    work on the box used more than ``noisy_percent`` of a core during it (the figures'
-    ``other_cpu_percent``); keep the quietest attempt, saying how many it took and whether
-    it stayed noisy."""
-    attempts: list[dict[str, Any]] = []
-    while True:
-        settle()
+    """Run ``measure`` again (after ``before_retry``), at most ``retries`` more times, while
+    other work on the box used more than ``noisy_percent`` of a core during it (the
+    figures' ``other_cpu_percent``); keep the quietest attempt, saying how many it took
+    and whether it stayed noisy."""
+    attempts = [measure()]
+    while attempts[-1]["other_cpu_percent"] > noisy_percent and len(attempts) <= retries:
+        say(f"  noisy: other load {attempts[-1]['other_cpu_percent']:.0f}%, measuring again")
+        before_retry()
         attempts.append(measure())
-        other = attempts[-1]["other_cpu_percent"]
-        if other <= noisy_percent or len(attempts) > retries:
-            break
-        say(f"  noisy: other load {other:.0f}%, measuring again")
     best = min(attempts, key=lambda attempt: attempt["other_cpu_percent"])
     best["attempts"] = len(attempts)
     best["noisy"] = best["other_cpu_percent"] > noisy_percent

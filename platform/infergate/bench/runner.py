@@ -135,6 +135,7 @@ def measure_cell(
         if options.quiet_wait_s > 0:
             procfs.wait_for_quiet(roots, QUIET_CPU_PERCENT, options.quiet_wait_s, say)
 
+    settle()
     return procfs.keep_quietest(
         lambda: _measure_once(scenario, target, cell, profile, options.timeout_s),
         NOISY_CPU_PERCENT, options.noisy_retries, settle, say,
