@@ -397,20 +397,22 @@ def test_triton_counters_parsed_from_prometheus_text():
     }
 
 
-def test_a_second_ceiling_run_replaces_only_the_noisier_rows():
+def test_the_ceiling_keeps_the_faster_of_its_two_runs_per_row():
     from infergate.bench.runner import merge_ceiling_runs
 
     first = {
         "rows": [
-            {"tokens": 16, "batch": 1, "other_cpu_percent": 2.0, "p50_ms": 1.0},
-            {"tokens": 16, "batch": 32, "other_cpu_percent": 80.0, "p50_ms": 40.0},
+            {"tokens": 16, "batch": 1, "sequences_per_s": 1200.0, "p50_ms": 0.8},
+            {"tokens": 16, "batch": 32, "sequences_per_s": 900.0, "p50_ms": 40.0},
         ]
     }
-    second = {"rows": [{"tokens": 16, "batch": 1, "other_cpu_percent": 5.0, "p50_ms": 1.5},
-                       {"tokens": 16, "batch": 32, "other_cpu_percent": 1.0, "p50_ms": 20.0}],
+    second = {"rows": [{"tokens": 16, "batch": 1, "sequences_per_s": 540.0, "p50_ms": 1.9},
+                       {"tokens": 16, "batch": 32, "sequences_per_s": 1700.0, "p50_ms": 19.0},
+                       {"tokens": 128, "batch": 1, "sequences_per_s": 190.0, "p50_ms": 5.0}],
               "probe_labels": ["positive"]}  # fmt: skip
     merged = merge_ceiling_runs(first, second)
-    assert [r["p50_ms"] for r in merged["rows"]] == [1.0, 20.0]
+    assert [r["p50_ms"] for r in merged["rows"]] == [0.8, 19.0, 5.0]
+    assert [r.get("slower_run_sequences_per_s") for r in merged["rows"]] == [540.0, 900.0, None]
     assert merged["probe_labels"] == ["positive"] and merged["runs"] == 2
 
 
