@@ -220,6 +220,23 @@ def test_keep_quietest_measures_again_while_noisy_and_keeps_the_quietest():
     assert (quiet["attempts"], quiet["noisy"]) == (1, False)
 
 
+def test_ceiling_sessions_run_side_by_side_and_count_every_row():
+    import time as clock
+
+    from infergate.bench.ceiling import measure
+
+    class Session:  # stands in for ONNX Runtime: 10 ms per batch, the GIL released
+        def run(self, outputs, feeds):
+            clock.sleep(0.01)
+
+    batches = [{"input_ids": np.zeros((4, 8), np.int64)}]
+    one = measure([Session()], "logits", batches, 0.3)
+    two = measure([Session(), Session()], "logits", batches, 0.3)
+    assert one["sequences_per_s"] == pytest.approx(400, rel=0.25)
+    assert two["sequences_per_s"] == pytest.approx(2 * one["sequences_per_s"], rel=0.25)
+    assert two["runs"] >= 2 * 5 and two["p50_ms"] == pytest.approx(10, rel=0.5)
+
+
 def test_this_process_is_readable_from_proc():
     import os
 

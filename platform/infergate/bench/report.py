@@ -333,17 +333,19 @@ def markdown(results: dict[str, Any]) -> str:
     if ceiling.get("error"):
         out.append(f"FAILED: {ceiling['error']}")
     out += _table(
-        ["tokens", "batch", "seq/s", "other run seq/s", "p50 ms", "p95 ms", "p99 ms",
-         "other CPU %"],
+        ["tokens", "batch", "layout", "seq/s", "other run seq/s", "p50 ms", "p95 ms",
+         "p99 ms", "other CPU %"],
         (
-            [str(r["tokens"]), str(r["batch"]), _num(r["sequences_per_s"]),
+            [str(r["tokens"]), str(r["batch"]), r.get("layout", "-"), _num(r["sequences_per_s"]),
              _num(r.get("slower_run_sequences_per_s"))]
             + [_num(r[k], 2) for k in ("p50_ms", "p95_ms", "p99_ms")]
             + [_other(r)]
             for r in ceiling.get("rows", [])
         ),
     )  # fmt: skip
-    out += ["", "One session, a thread per core; inputs tokenized beforehand. Measured at "
+    out += ["", "One session with a thread per core; the largest batch also with a session "
+            "per core, one thread each, side by side, keeping the better layout (the other "
+            "is in the JSON). Inputs tokenized beforehand. Measured at "
             "the start and at the end of the run; each row keeps the faster run (so the "
             "ratios never gain from a slow phase of the host), the other is beside it. "
             "A row disturbed by other load (over 10% of a core) was measured again."]  # fmt: skip
