@@ -51,11 +51,21 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+def held(**backend_options) -> tuple[HeldBackend, BatchingBackend]:
+    """A held backend behind a batcher with the platform's row cap, one call in flight."""
+    backend = HeldBackend(**backend_options)
+    return backend, BatchingBackend(backend, max_rows=64, max_in_flight=1)
+
+
+def send(batching: BatchingBackend, *rows: list[int], model: str = "m") -> asyncio.Task:
+    """One request of ``rows`` (token ids), in flight as a task."""
+    return asyncio.create_task(batching.infer(model, *tokens(*rows), "logits"))
+
+
 def test_a_lone_request_goes_out_at_once() -> None:
     async def scenario() -> None:
-        backend = HeldBackend()
-        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
-        call = asyncio.create_task(batching.infer("m", *tokens([5, 6]), "logits"))
+        backend, batching = held()
+        call = send(batching, [5, 6])
         await settle()
         assert len(backend.calls) == 1  # sent before any other request arrived
         backend.release.set()
@@ -66,14 +76,13 @@ def test_a_lone_request_goes_out_at_once() -> None:
 
 def test_requests_arriving_during_a_call_leave_together_and_get_their_own_rows() -> None:
     async def scenario() -> None:
-        backend = HeldBackend()
-        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
-        first = asyncio.create_task(batching.infer("m", *tokens([1]), "logits"))
+        backend, batching = held()
+        first = send(batching, [1])
         await settle()
         waiting = [
-            asyncio.create_task(batching.infer("m", *tokens([2, 2, 2]), "logits")),
-            asyncio.create_task(batching.infer("m", *tokens([3], [4, 4]), "logits")),
-            asyncio.create_task(batching.infer("m", *tokens([7, 7]), "logits")),
+            send(batching, [2, 2, 2]),
+            send(batching, [3], [4, 4]),
+            send(batching, [7, 7]),
         ]
         await settle()
         assert len(backend.calls) == 1  # the others wait for the call in flight
@@ -96,10 +105,7 @@ def test_batches_stop_at_max_rows_and_calls_at_max_in_flight() -> None:
     async def scenario() -> None:
         backend = HeldBackend()
         batching = BatchingBackend(backend, max_rows=3, max_in_flight=2)
-        calls = [
-            asyncio.create_task(batching.infer("m", *tokens(*[[n]] * 2), "logits"))
-            for n in range(1, 6)
-        ]
+        calls = [send(batching, *[[n]] * 2) for n in range(1, 6)]
         await settle()
         # Two calls out at once, each alone (they arrived with nobody waiting).
         assert [c[1].shape[0] for c in backend.calls] == [2, 2]
@@ -115,10 +121,9 @@ def test_batches_stop_at_max_rows_and_calls_at_max_in_flight() -> None:
 
 def test_models_are_batched_apart() -> None:
     async def scenario() -> None:
-        backend = HeldBackend()
-        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
+        backend, batching = held()
         calls = [
-            asyncio.create_task(batching.infer(model, *tokens([n]), "logits"))
+            send(batching, [n], model=model)
             for n, model in enumerate(["a", "b", "a", "b"], start=1)
         ]
         await settle()
@@ -136,12 +141,11 @@ def test_models_are_batched_apart() -> None:
 
 def test_a_batch_the_model_rejects_is_retried_one_by_one() -> None:
     async def scenario() -> None:
-        backend = HeldBackend(fail_when=9)
-        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
-        first = asyncio.create_task(batching.infer("m", *tokens([1]), "logits"))
+        backend, batching = held(fail_when=9)
+        first = send(batching, [1])
         await settle()
-        good = asyncio.create_task(batching.infer("m", *tokens([2]), "logits"))
-        bad = asyncio.create_task(batching.infer("m", *tokens([9]), "logits"))
+        good = send(batching, [2])
+        bad = send(batching, [9])
         await settle()
         backend.release.set()
         np.testing.assert_array_equal(await first, [[1.0, 1.0]])
@@ -155,9 +159,8 @@ def test_a_batch_the_model_rejects_is_retried_one_by_one() -> None:
 
 def test_an_unavailable_backend_fails_every_waiting_request_once() -> None:
     async def scenario() -> None:
-        backend = HeldBackend(error=BackendUnavailable("Triton is gone"))
-        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
-        calls = [asyncio.create_task(batching.infer("m", *tokens([n]), "logits")) for n in range(4)]
+        backend, batching = held(error=BackendUnavailable("Triton is gone"))
+        calls = [send(batching, [n]) for n in range(4)]
         await settle()
         backend.release.set()
         results = await asyncio.gather(*calls, return_exceptions=True)
@@ -169,12 +172,11 @@ def test_an_unavailable_backend_fails_every_waiting_request_once() -> None:
 
 def test_a_caller_that_gave_up_is_skipped() -> None:
     async def scenario() -> None:
-        backend = HeldBackend()
-        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
-        first = asyncio.create_task(batching.infer("m", *tokens([1]), "logits"))
+        backend, batching = held()
+        first = send(batching, [1])
         await settle()
-        gone = asyncio.create_task(batching.infer("m", *tokens([2]), "logits"))
-        kept = asyncio.create_task(batching.infer("m", *tokens([3]), "logits"))
+        gone = send(batching, [2])
+        kept = send(batching, [3])
         await settle()
         gone.cancel()
         await settle()

@@ -107,14 +107,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # Two layouts of the machine, the better one is the ceiling of the largest batch: one
     # session with a thread per core, or a session per core with one thread each (which
     # is how Triton runs the platform's model; it did more on this box in some runs).
-    layouts = {f"1 session x {args.threads or cores} threads": [
-        make_session(Path(args.onnx), args.threads)
-    ]}  # fmt: skip
+    session = make_session(Path(args.onnx), args.threads)
+    layouts = {f"1 session x {args.threads or cores} threads": [session]}
     if cores > 1:
         layouts[f"{cores} sessions x 1 thread"] = [
             make_session(Path(args.onnx), 1) for _ in range(cores)
         ]
-    session = next(iter(layouts.values()))[0]
     output = spec["output_name"]
     text_sets = build_text_sets(Path(args.tokenizer), args.lengths)
 

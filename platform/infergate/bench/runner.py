@@ -39,8 +39,9 @@ NOISY_CPU_PERCENT = 30.0
 # a third of their throughput to 20% of a core taken by something else (measured here), so
 # it is held to a stricter standard.
 CEILING_NOISY_CPU_PERCENT = 10.0
-# The ceiling has the whole machine: one session, ONNX Runtime's default of a thread per
-# core, whatever the platform's Triton instances use.
+# The ceiling has the whole machine, whatever the platform's Triton instances use: one
+# session with ONNX Runtime's default of a thread per core (its largest batch also tries a
+# session per core, see infergate.bench.ceiling).
 CEILING_THREADS = 0
 Say = Callable[[str], None]
 
