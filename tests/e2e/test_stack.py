@@ -3,6 +3,8 @@ Triton, Ray Serve and Prometheus, the demo models, registration over the CLI, an
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import subprocess
@@ -228,6 +230,24 @@ def test_prometheus_scrapes_triton(stack, http):
             return
         time.sleep(1)
     raise AssertionError("Prometheus has no nv_inference_request_success samples")
+
+
+def test_serving_processes_are_not_deprioritised(stack):
+    """Ray would start its workers at nice 15, below Triton's model threads on the same
+    cores; the stack asks for nice 0 (see infergate.ray_start.WORKER_ENV)."""
+    from infergate.processes import descendants
+
+    root = json.loads((stack.state_dir / "stack.json").read_text())["pid"]
+    serving = {}
+    for pid in descendants([root]):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "ServeReplica:infergate" in command or "haproxy" in command.split(" ")[0]:
+            serving[command[:60]] = os.getpriority(os.PRIO_PROCESS, pid)
+    assert any("ServeReplica" in c for c in serving) and any("haproxy" in c for c in serving)
+    assert set(serving.values()) == {0}, serving
 
 
 def test_second_stack_on_busy_ports_fails_clearly(stack, tmp_path):
