@@ -481,6 +481,43 @@ def test_no_budget_without_a_floor_or_the_ceiling_cpu():
     assert "## CPU budget" not in markdown(_results())
 
 
+def test_latency_budget_bounds_concurrency_one_and_explains_a_miss():
+    from infergate.bench.report import latency_budget
+
+    results = _results()
+    infergate = results["scenarios"]["infergate"]
+    infergate["cells"][0] = _cell(1, 1, 16, 200.0, 5.0, 7.0)  # required: 2 + 1.5 ms
+    infergate["triton_alone"] = [{"tokens": 16, "calls": 900, "p50_ms": 3.2, "p95_ms": 4.0,
+                                  "p99_ms": 5.0}]  # fmt: skip
+    results["scenarios"]["floor"] = {"cells": [_cell(1, 1, 16, 3000.0, 0.5, 0.9)]}
+    [budget] = latency_budget(results)
+    assert budget["required_ms"] == 3.5 and budget["bound_ms"] == pytest.approx(3.7)
+    assert budget["infergate_p50_ms"] == 5.0
+    rows = {(r["target"], r["cell"]): r for r in evaluate_targets(results)}
+    p50 = rows[("c=1 p50 <= ceiling batch-1 p50 + 1.5 ms", "c=1 texts=1 tokens=16")]
+    assert p50["passed"] is False
+    assert p50["note"] == "out of reach of this layout: Triton alone 3.20 + floor 0.50 = 3.70 ms"
+    text = markdown(results)
+    assert "| 16 | 3.50 | 3.20 | 0.50 | 3.70 | 5.00 |" in text
+    assert "MISS 43% over, out of reach of this layout" in text
+    # A bound within the requirement leaves the miss on the platform: no note.
+    infergate["triton_alone"][0]["p50_ms"] = 2.0
+    rows = {(r["target"], r["cell"]): r for r in evaluate_targets(results)}
+    assert rows[("c=1 p50 <= ceiling batch-1 p50 + 1.5 ms", "c=1 texts=1 tokens=16")]["note"] == ""
+
+
+def test_no_latency_budget_without_triton_alone_or_the_floor():
+    from infergate.bench.report import latency_budget
+
+    results = _results()
+    assert latency_budget(results) == []
+    results["scenarios"]["infergate"]["triton_alone"] = [
+        {"tokens": 16, "calls": 9, "p50_ms": 3.0, "p95_ms": 3.0, "p99_ms": 3.0}
+    ]
+    assert latency_budget(results) == []  # no floor
+    assert "## Latency budget" not in markdown(results)
+
+
 def test_plots_leave_the_floor_out_and_colour_variants_apart():
     from infergate.bench.plots import _plotted
 

@@ -256,6 +256,12 @@ def run_scenario(
             record["cells"].append(row)
             say(progress_line(scenario.name, row))
         record["memory"] = _peak_memory(record["cells"])
+        for row in scenario.triton_alone(texts, profile):
+            record.setdefault("triton_alone", []).append(row)
+            say(
+                f"  {scenario.name:<9} Triton alone, c=1 tokens={row['tokens']:<4} p50 "
+                f"{row['p50_ms']:7.2f}  p99 {row['p99_ms']:7.2f} ms ({row['calls']} calls)"
+            )
     except Exception as exc:
         record["error"] = f"{type(exc).__name__}: {exc}"
         record["log_tail"] = scenario.log_tail()

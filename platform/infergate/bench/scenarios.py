@@ -7,6 +7,7 @@ The ceiling is not here: it has no server (``infergate.bench.ceiling``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -25,11 +26,15 @@ import orjson
 
 from infergate.bench import procfs
 from infergate.bench.ensemble import ENSEMBLE_MODEL, TEXT_INPUT, write_ensemble_repository
-from infergate.bench.loadgen import HttpTarget
+from infergate.bench.loadgen import HttpTarget, percentile
 from infergate.bench.prepare import MODEL_NAME, PreparedModel, free_port, sha256
+from infergate.bench.workload import Profile, TextSets
 from infergate.config import load_config
 from infergate.errors import StackError
 from infergate.processes import Child, http_ok, reap, spawn, wait_until
+from infergate.tokenization import TextTokenizer
+from infergate.triton.client import TritonBackend
+from infergate.triton.repository import triton_model_name
 
 HOST = "127.0.0.1"
 INFERGATE = str(Path(sys.executable).with_name("infergate"))
@@ -99,6 +104,10 @@ class Scenario(ABC):
     def log_tail(self) -> str:
         return ""
 
+    def triton_alone(self, texts: TextSets, profile: Profile) -> list[dict[str, Any]]:
+        """Its Triton called straight, per token length (scenarios that run one)."""
+        return []
+
 
 class _ChildScenario(Scenario):
     """A scenario that is one child process (and its descendants)."""
@@ -125,6 +134,33 @@ class _ChildScenario(Scenario):
 
     def log_tail(self) -> str:
         return self.child.log_tail(30) if self.child else ""
+
+
+async def sequential_calls(
+    backend: TritonBackend,
+    model: str,
+    output: str,
+    requests: Sequence[tuple[np.ndarray, np.ndarray]],
+    warmup_s: float,
+    duration_s: float,
+) -> dict[str, Any]:
+    """Call ``model`` with one (input_ids, attention_mask) of ``requests`` after another,
+    in turn, for ``warmup_s`` then ``duration_s``; the calls of the second part timed.
+    The channel is closed at the end, inside the loop that opened it."""
+    latencies: list[float] = []
+    try:
+        measure_from = time.perf_counter() + warmup_s
+        stop_at = measure_from + duration_s
+        calls = 0
+        while (now := time.perf_counter()) < stop_at:
+            await backend.infer(model, *requests[calls % len(requests)], output)
+            calls += 1
+            if now >= measure_from:
+                latencies.append((time.perf_counter() - now) * 1e3)
+    finally:
+        await backend.close()
+    ordered = sorted(latencies)
+    return {"calls": len(ordered), **{f"p{q}_ms": percentile(ordered, q) for q in (50, 95, 99)}}
 
 
 def reap_session(session: int, grace_s: float = 10.0, settle_s: float = 3.0) -> int:
@@ -186,12 +222,34 @@ class InfergateStack(Scenario):
             raise StackError(f"infergate up failed:\n{up.stderr[-3000:]}")
         state = json.loads((self.state_dir / "stack.json").read_text())
         self.pid = int(state["pid"])
-        served = self.state_dir / "triton-repository" / f"{MODEL_NAME}__v1" / "1" / "model.onnx"
+        model = triton_model_name(MODEL_NAME, self.prepared.version)
+        served = self.state_dir / "triton-repository" / model / "1" / "model.onnx"
         self.info["served_onnx"] = str(served)
         self.info["served_onnx_is_prepared_file"] = (
             served.exists() and sha256(served) == self.prepared.onnx_sha256
         )
         self.info["models"] = state.get("models")
+
+    def triton_alone(self, texts: TextSets, profile: Profile) -> list[dict[str, Any]]:
+        """Triton alone at concurrency 1: the platform's own gRPC client calling the served
+        model straight, one pre-tokenized text at a time. With the floor's p50 it bounds
+        the end-to-end p50 of any Ray Serve front-end in front of this Triton."""
+        spec = self.prepared.spec
+        tokenizer = TextTokenizer.from_dir(self.prepared.tokenizer_dir, int(spec["max_length"]))
+        backend = TritonBackend(f"{HOST}:{self.env['INFERGATE_TRITON__GRPC_PORT']}", 30.0)
+        model = triton_model_name(MODEL_NAME, self.prepared.version)
+        rows = []
+        for tokens in profile.token_lengths:
+            batches = [tokenizer([text]) for text in texts.by_tokens[tokens][:16]]
+            requests = [(batch.input_ids, batch.attention_mask) for batch in batches]
+            figures = asyncio.run(
+                sequential_calls(
+                    backend, model, spec["output_name"], requests,
+                    profile.warmup_s, profile.duration_s,
+                )
+            )  # fmt: skip
+            rows.append({"tokens": tokens, **figures})
+        return rows
 
     def stop(self) -> None:
         if self.pid is None:
