@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from infergate.processes import free_ports
+
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 
@@ -23,12 +24,6 @@ needs_prometheus = pytest.mark.skipif(
     PROMETHEUS is None or PROMTOOL is None,
     reason="prometheus/promtool not installed (make test installs them on Debian as root)",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -53,7 +48,7 @@ def running_prometheus(
     config_file.write_text(config)
     for name, text in (files or {}).items():
         (workdir / name).write_text(text)
-    port = free_port()
+    [port] = free_ports(1)
     log = (workdir / "prometheus.log").open("wb")
     process = subprocess.Popen(
         [

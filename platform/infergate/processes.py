@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -87,6 +88,33 @@ def wait_until(child: Child | None, ready: Callable[[], bool], timeout_s: float,
                 return
         time.sleep(0.25)
     raise StackError(f"{what} was not ready after {timeout_s:.0f} s; see its log")
+
+
+# Ports for servers that bind them seconds later (the benchmark's scenarios, the tests'
+# stacks). Not from the kernel's ephemeral range, where any outgoing connection meanwhile
+# may take the port (Ray opens hundreds while it starts; HAProxy once found its port
+# taken that way), nor from Ray's own: worker ports 10002-19999 and Serve's
+# direct-ingress replica ports from 30000.
+LATE_BIND_PORTS = range(20000, 30000)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback TCP ports from ``LATE_BIND_PORTS`` that were free a
+    moment ago and lie outside this machine's ephemeral range."""
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    candidates = [port for port in LATE_BIND_PORTS if not low <= port <= high]
+    if len(candidates) < count:
+        raise StackError(
+            f"the ephemeral port range {low}-{high} covers the ports kept for servers "
+            f"({LATE_BIND_PORTS.start}-{LATE_BIND_PORTS.stop - 1})"
+        )
+    chosen: list[int] = []
+    for port in random.sample(candidates, len(candidates)):
+        if port_free("127.0.0.1", port):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise StackError(f"fewer than {count} free ports in {LATE_BIND_PORTS}")
 
 
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,18 +14,10 @@ import httpx
 import pytest
 
 from infergate.config import TritonSettings
+from infergate.processes import free_ports
 from infergate.registry import Registry
 from infergate.triton.client import TritonControl
 from infergate.triton.server import prepare_backends, server_command, server_environment
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports that were free a moment ago."""
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:

@@ -6,8 +6,16 @@ import time
 
 import pytest
 
+from infergate import processes
 from infergate.errors import StackError
-from infergate.processes import check_ports, descendants, port_free, reap
+from infergate.processes import (
+    LATE_BIND_PORTS,
+    check_ports,
+    descendants,
+    free_ports,
+    port_free,
+    reap,
+)
 
 
 def test_busy_ports_are_named_with_the_variable_that_moves_them():
@@ -19,6 +27,26 @@ def test_busy_ports_are_named_with_the_variable_that_moves_them():
         with pytest.raises(StackError, match=f"port {port} \\(Triton\\).*INFERGATE_X=PORT"):
             check_ports({"Triton": ("127.0.0.1", port, "INFERGATE_X")})
     assert port_free("127.0.0.1", port)
+
+
+def test_ports_for_late_binding_are_free_distinct_and_not_ephemeral():
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ephemeral:
+        low, high = map(int, ephemeral.read().split())
+    ports = free_ports(20)
+    assert len(set(ports)) == 20
+    assert all(port in LATE_BIND_PORTS and not low <= port <= high for port in ports)
+    assert all(port_free("127.0.0.1", port) for port in ports)
+
+
+def test_ports_in_use_are_skipped(monkeypatch):
+    [port] = free_ports(1)
+    monkeypatch.setattr(processes, "LATE_BIND_PORTS", range(port, port + 1))
+    assert free_ports(1) == [port]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        with pytest.raises(StackError, match="fewer than 1 free ports"):
+            free_ports(1)
 
 
 def test_reap_ends_a_tree_and_spares_what_is_excluded():

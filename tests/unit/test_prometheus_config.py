@@ -17,9 +17,9 @@ from prometheus_client.core import GaugeMetricFamily
 
 from infergate.config import PROJECT_ROOT
 from infergate.dashboards.promql import known_metric_names
+from infergate.processes import free_ports
 from prometheus_server import (
     PROMTOOL,
-    free_port,
     metric_names,
     needs_prometheus,
     query,
@@ -39,7 +39,7 @@ def render(ports: dict[str, int] | None = None) -> str:
     """The template with every ${NAME} replaced by 127.0.0.1:PORT (like `infergate up`)."""
     text = TEMPLATE.read_text()
     names = sorted(set(re.findall(r"\$\{(\w+)\}", text)))
-    ports = {name: (ports or {}).get(name) or free_port() for name in names}
+    ports = {**dict(zip(names, free_ports(len(names)), strict=True)), **(ports or {})}
     for name, port in ports.items():
         text = text.replace("${" + name + "}", f"127.0.0.1:{port}")
     assert not re.search(r"\$\{\w+\}", text)

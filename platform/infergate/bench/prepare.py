@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -63,13 +62,6 @@ class PreparedModel:
     @property
     def labels(self) -> list[str]:
         return list(self.spec.get("labels", []))
-
-
-def free_port() -> int:
-    """A TCP port on the loopback interface that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def sha256(path: Path) -> str:
@@ -155,13 +147,13 @@ def _build_hf_folder(out_dir: Path) -> None:
 
 
 def _register_and_download(cache_dir: Path, say: Callable[[str], None]) -> str:
-    from infergate.processes import http_ok, spawn, wait_until
+    from infergate.processes import free_ports, http_ok, spawn, wait_until
     from infergate.registry import CHAMPION, Registry
     from infergate.stack import MLFLOW_ENV, mlflow_server_command
 
     store = cache_dir / "store"
     store.mkdir(parents=True)
-    port = free_port()
+    [port] = free_ports(1)
     uri = f"http://127.0.0.1:{port}"
     command = mlflow_server_command(store, "127.0.0.1", port)
     mlflow = spawn("mlflow", command, cache_dir / "logs", {**os.environ, **MLFLOW_ENV})

@@ -27,11 +27,11 @@ import orjson
 from infergate.bench import procfs
 from infergate.bench.ensemble import ENSEMBLE_MODEL, TEXT_INPUT, write_ensemble_repository
 from infergate.bench.loadgen import HttpTarget, percentile
-from infergate.bench.prepare import MODEL_NAME, PreparedModel, free_port, sha256
+from infergate.bench.prepare import MODEL_NAME, PreparedModel, sha256
 from infergate.bench.workload import Profile, TextSets
 from infergate.config import load_config
 from infergate.errors import StackError
-from infergate.processes import Child, http_ok, reap, spawn, wait_until
+from infergate.processes import Child, free_ports, http_ok, reap, spawn, wait_until
 from infergate.tokenization import TextTokenizer
 from infergate.triton.client import TritonBackend
 from infergate.triton.repository import triton_model_name
@@ -211,8 +211,8 @@ class InfergateStack(Scenario):
         # A copy: the stack writes to its store (webhooks), the cache must stay as built.
         shutil.copytree(self.prepared.store_dir, self.state_dir / "store")
         env = {**os.environ, **self.extra_env, "HF_HUB_OFFLINE": "1"}
-        for name in STACK_PORTS:
-            env[f"INFERGATE_{name}"] = str(free_port())
+        for name, port in zip(STACK_PORTS, free_ports(len(STACK_PORTS)), strict=True):
+            env[f"INFERGATE_{name}"] = str(port)
         env["INFERGATE_MLFLOW__STORE_DIR"] = str(self.state_dir / "store")
         self.env = env
         self.port = int(env["INFERGATE_SERVE__PORT"])
@@ -286,7 +286,7 @@ class InprocessServe(_ChildScenario):
     ready_path = "/readyz"
 
     def start(self) -> None:
-        self.port = free_port()
+        self.port, stats_port, haproxy_metrics_port, metrics_port = free_ports(4)
         command = [
             sys.executable,
             "-m",
@@ -294,9 +294,9 @@ class InprocessServe(_ChildScenario):
             f"--served-dir={self.prepared.served_dir}",
             f"--version={self.prepared.version}",
             f"--port={self.port}",
-            f"--haproxy-stats-port={free_port()}",
-            f"--haproxy-metrics-port={free_port()}",
-            f"--metrics-export-port={free_port()}",
+            f"--haproxy-stats-port={stats_port}",
+            f"--haproxy-metrics-port={haproxy_metrics_port}",
+            f"--metrics-export-port={metrics_port}",
             *self.extra_args,
         ]
         self.child = spawn(self.name, command, self.workdir / "logs", dict(os.environ))
@@ -323,7 +323,7 @@ class NaiveServer(_ChildScenario):
     path = f"/v1/models/{MODEL_NAME}/predict"
 
     def start(self) -> None:
-        self.port = free_port()
+        [self.port] = free_ports(1)
         workers = os.cpu_count() or 1
         self.info.update(workers=workers, model_dir=str(self.prepared.hf_dir))
         command = [
@@ -360,8 +360,9 @@ class EnsembleTriton(_ChildScenario):
             server_environment,
         )
 
+        http_port, grpc_port, metrics_port = free_ports(3)
         settings = load_config().triton.model_copy(
-            update={"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+            update={"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
         )
         self.port = settings.http_port
         self.triton_metrics_url = f"http://{HOST}:{settings.metrics_port}/metrics"
