@@ -238,16 +238,18 @@ def test_serving_processes_are_not_deprioritised(stack):
     from infergate.processes import descendants
 
     root = json.loads((stack.state_dir / "stack.json").read_text())["pid"]
-    serving = {}
+    niceness: dict[str, list[int]] = {"front-end replica": [], "haproxy": []}
     for pid in descendants([root]):
         try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if "ServeReplica:infergate" in command or "haproxy" in command.split(" ")[0]:
-            serving[command[:60]] = os.getpriority(os.PRIO_PROCESS, pid)
-    assert any("ServeReplica" in c for c in serving) and any("haproxy" in c for c in serving)
-    assert set(serving.values()) == {0}, serving
+        if b"ServeReplica:infergate" in command[0]:
+            niceness["front-end replica"].append(os.getpriority(os.PRIO_PROCESS, pid))
+        elif Path(command[0].decode()).name == "haproxy":
+            niceness["haproxy"].append(os.getpriority(os.PRIO_PROCESS, pid))
+    assert all(niceness.values()), niceness
+    assert {value for values in niceness.values() for value in values} == {0}, niceness
 
 
 def test_second_stack_on_busy_ports_fails_clearly(stack, tmp_path):
