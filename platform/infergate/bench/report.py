@@ -323,6 +323,14 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     return lines
 
 
+def _per_length_table(rows: list[dict[str, Any]], columns: dict[str, str]) -> list[str]:
+    """One line per token length; ``columns`` maps headers to the rows' keys (2 decimals)."""
+    return _table(
+        ["tokens", *columns],
+        ([str(row["tokens"]), *(_num(row[key], 2) for key in columns.values())] for row in rows),
+    )
+
+
 def verdict(row: dict[str, Any]) -> str:
     if row["passed"] is None:
         return f"n/a ({row['note']})"
@@ -454,26 +462,15 @@ def markdown(results: dict[str, Any]) -> str:
     budget = cpu_budget(results)
     if budget:
         out += ["", "## CPU budget of a single-text request (c=32)", ""]
-        out += _table(
-            [
-                "tokens",
-                "model CPU ms/seq (ceiling)",
-                "floor CPU ms/req",
-                "infergate CPU ms/req",
-                "best share possible",
-                "infergate share",
-            ],
-            (
-                [
-                    str(b["tokens"]),
-                    _num(b["model_cpu_ms_per_sequence"], 2),
-                    _num(b["floor_cpu_ms_per_request"], 2),
-                    _num(b["infergate_cpu_ms_per_request"], 2),
-                    _num(b["bound_share"], 2),
-                    _num(b["infergate_share"], 2),
-                ]
-                for b in budget
-            ),
+        out += _per_length_table(
+            budget,
+            {
+                "model CPU ms/seq (ceiling)": "model_cpu_ms_per_sequence",
+                "floor CPU ms/req": "floor_cpu_ms_per_request",
+                "infergate CPU ms/req": "infergate_cpu_ms_per_request",
+                "best share possible": "bound_share",
+                "infergate share": "infergate_share",
+            },
         )
         out += ["", "Best share possible: the machine's CPU over (the model's CPU per sequence "
                 "+ the floor's per request), as a share of the ceiling: a Ray Serve front-end "
@@ -481,21 +478,16 @@ def markdown(results: dict[str, Any]) -> str:
     latency = latency_budget(results)
     if latency:
         out += ["", "## Latency budget of a single-text request (c=1)", ""]
-        out += _table(
-            ["tokens", "required p50 ms", "Triton alone p50 ms", "floor p50 ms",
-             "least possible ms", "infergate p50 ms"],
-            (
-                [
-                    str(b["tokens"]),
-                    _num(b["required_ms"], 2),
-                    _num(b["triton_alone_p50_ms"], 2),
-                    _num(b["floor_p50_ms"], 2),
-                    _num(b["bound_ms"], 2),
-                    _num(b["infergate_p50_ms"], 2),
-                ]
-                for b in latency
-            ),
-        )  # fmt: skip
+        out += _per_length_table(
+            latency,
+            {
+                "required p50 ms": "required_ms",
+                "Triton alone p50 ms": "triton_alone_p50_ms",
+                "floor p50 ms": "floor_p50_ms",
+                "least possible ms": "bound_ms",
+                "infergate p50 ms": "infergate_p50_ms",
+            },
+        )
         out += ["", "Triton alone: the platform's gRPC client calling its Triton model straight "
                 "with pre-tokenized text, one call at a time. Least possible: that plus the "
                 "floor, a Ray Serve replica that answers without working."]  # fmt: skip
