@@ -31,11 +31,11 @@ FAST_INGRESS_ENV = {
 }
 
 
-# Ray starts its workers at nice 15 so that drivers keep their priority. Here the workers
-# (the front-end replicas, and HAProxy which the proxy actor starts) are the serving path,
-# beside Triton at nice 0 on the same cores: at nice 15 the replicas waited for the model's
-# threads, and the cores idled between batches (c=32: 809-880 -> 848-942 req/s and idle
-# 10-11 % -> 8-9 % in three alternating pairs; c=8: 547-616 -> 638-665).
+# Ray starts its workers 15 steps nicer than itself so that drivers keep their priority.
+# Here the workers (the front-end replicas, and HAProxy which the proxy actor starts) are
+# the serving path, beside Triton on the same cores: 15 steps down, the replicas waited
+# for the model's threads, and the cores idled between batches (c=32: 809-880 -> 848-942
+# req/s and idle 10-11 % -> 8-9 % in three alternating pairs; c=8: 547-616 -> 638-665).
 WORKER_ENV = {"RAY_worker_niceness": "0"}
 
 

@@ -233,23 +233,18 @@ def test_prometheus_scrapes_triton(stack, http):
 
 
 def test_serving_processes_are_not_deprioritised(stack):
-    """Ray would start its workers at nice 15, below Triton's model threads on the same
-    cores; the stack asks for nice 0 (see infergate.ray_start.WORKER_ENV)."""
-    from infergate.processes import descendants
+    """Ray would start its workers 15 steps nicer than itself, behind Triton's model
+    threads on the same cores; the stack asks for no step (infergate.ray_start.WORKER_ENV)."""
+    from infergate.bench.procfs import snapshot
 
     root = json.loads((stack.state_dir / "stack.json").read_text())["pid"]
-    niceness: dict[str, list[int]] = {"front-end replica": [], "haproxy": []}
-    for pid in descendants([root]):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"ServeReplica:infergate" in command[0]:
-            niceness["front-end replica"].append(os.getpriority(os.PRIO_PROCESS, pid))
-        elif Path(command[0].decode()).name == "haproxy":
-            niceness["haproxy"].append(os.getpriority(os.PRIO_PROCESS, pid))
+    niceness: dict[str, list[int]] = {"serve replica": [], "haproxy ingress": []}
+    for info in snapshot([root], memory=False).values():
+        if info.component in niceness:
+            niceness[info.component].append(os.getpriority(os.PRIO_PROCESS, info.pid))
     assert all(niceness.values()), niceness
-    assert {value for values in niceness.values() for value in values} == {0}, niceness
+    expected = os.getpriority(os.PRIO_PROCESS, root)
+    assert {value for values in niceness.values() for value in values} == {expected}, niceness
 
 
 def test_second_stack_on_busy_ports_fails_clearly(stack, tmp_path):

@@ -37,6 +37,10 @@ MULTI_TEXT_SHARE = 0.85
 NAIVE_FACTOR = 5.0
 ENSEMBLE_FACTOR = 1.5
 P99_OVER_P50 = 2.0
+# A missed c=1 target is called out of reach of the layout only when the sum of the two
+# medians below which no front-end can answer (see latency_budget) exceeds the requirement
+# by more than this much of it: one run's medians are estimates, not strict bounds.
+BOUND_MARGIN = 1.1
 
 
 # -- lookups ---------------------------------------------------------------------------------
@@ -176,7 +180,12 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             errors=_errors(single),
         )
         bound = bounds.get(tokens)
-        if latency["passed"] is False and bound and bound["bound_ms"] > bound["required_ms"]:
+        if (
+            latency["passed"] is False
+            and not _errors(single)  # the note would hide the failed requests
+            and bound
+            and bound["bound_ms"] > BOUND_MARGIN * bound["required_ms"]
+        ):
             latency["note"] = (
                 f"out of reach of this layout: Triton alone {bound['triton_alone_p50_ms']:.2f} "
                 f"+ floor {bound['floor_p50_ms']:.2f} = {bound['bound_ms']:.2f} ms"
@@ -274,13 +283,13 @@ def cpu_budget(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def latency_budget(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Informational: the least single-text p50 at c=1 of a Ray Serve front-end in front of
-    this Triton.
+    """Informational: an estimate of the least single-text p50 at c=1 that a Ray Serve
+    front-end in front of this Triton can reach.
 
     A request goes through Ray Serve's ingress and a replica (the floor's p50, which
     answers without working) and through Triton (the platform's Triton called straight,
-    pre-tokenized: ``triton_alone`` of the infergate scenario). ``bound_ms`` is their sum,
-    to read beside the c=1 target's requirement.
+    pre-tokenized: ``triton_alone`` of the infergate scenario). ``bound_ms`` is the sum of
+    the two medians, to read beside the c=1 target's requirement.
     """
     alone = {
         row["tokens"]: row

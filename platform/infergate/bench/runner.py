@@ -256,7 +256,12 @@ def run_scenario(
             record["cells"].append(row)
             say(progress_line(scenario.name, row))
         record["memory"] = _peak_memory(record["cells"])
-        for row in scenario.triton_alone(texts, profile):
+        try:
+            alone = scenario.triton_alone(texts, profile)
+        except Exception as exc:  # informational: the cells above stand without it
+            alone, record["triton_alone_error"] = [], f"{type(exc).__name__}: {exc}"
+            say(f"[{scenario.name}] Triton alone FAILED: {exc}")
+        for row in alone:
             record.setdefault("triton_alone", []).append(row)
             say(
                 f"  {scenario.name:<9} Triton alone, c=1 tokens={row['tokens']:<4} p50 "

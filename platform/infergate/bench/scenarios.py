@@ -7,7 +7,6 @@ The ceiling is not here: it has no server (``infergate.bench.ceiling``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -26,7 +25,7 @@ import orjson
 
 from infergate.bench import procfs
 from infergate.bench.ensemble import ENSEMBLE_MODEL, TEXT_INPUT, write_ensemble_repository
-from infergate.bench.loadgen import HttpTarget, percentile
+from infergate.bench.loadgen import HttpTarget, percentile, run_sync
 from infergate.bench.prepare import MODEL_NAME, PreparedModel, sha256
 from infergate.bench.workload import Profile, TextSets
 from infergate.config import load_config
@@ -147,6 +146,8 @@ async def sequential_calls(
     """Call ``model`` with one (input_ids, attention_mask) of ``requests`` after another,
     in turn, for ``warmup_s`` then ``duration_s``; the calls of the second part timed.
     The channel is closed at the end, inside the loop that opened it."""
+    if not requests:
+        raise ValueError("no requests to send")
     latencies: list[float] = []
     try:
         measure_from = time.perf_counter() + warmup_s
@@ -242,8 +243,8 @@ class InfergateStack(Scenario):
         for tokens in profile.token_lengths:
             batches = [tokenizer([text]) for text in texts.by_tokens[tokens][:16]]
             requests = [(batch.input_ids, batch.attention_mask) for batch in batches]
-            figures = asyncio.run(
-                sequential_calls(
+            figures = run_sync(
+                lambda requests=requests: sequential_calls(
                     backend, model, spec["output_name"], requests,
                     profile.warmup_s, profile.duration_s,
                 )
