@@ -493,13 +493,13 @@ def markdown(results: dict[str, Any]) -> str:
                 "required p50 ms": "required_ms",
                 "Triton alone p50 ms": "triton_alone_p50_ms",
                 "floor p50 ms": "floor_p50_ms",
-                "least possible ms": "bound_ms",
+                "estimated least ms": "bound_ms",
                 "infergate p50 ms": "infergate_p50_ms",
             },
         )
         out += ["", "Triton alone: the platform's gRPC client calling its Triton model straight "
-                "with pre-tokenized text, one call at a time. Least possible: that plus the "
-                "floor, a Ray Serve replica that answers without working."]  # fmt: skip
+                "with pre-tokenized text, one call at a time. Estimated least: its median plus "
+                "the floor's, a Ray Serve replica that answers without working."]  # fmt: skip
     hop = triton_hop(results)
     if hop:
         out += ["", "## Price of the Triton hop (in-process front-end vs infergate)", ""]
