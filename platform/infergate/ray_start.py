@@ -28,6 +28,10 @@ FAST_INGRESS_ENV = {
     # A replica leaving waits this long for HAProxy to stop sending it requests; the 30 s
     # default is sized for remote nodes, here HAProxy reloads in well under a second.
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5",
+    # HAProxy shares the box with the replicas and Triton; Ray Serve gives it four threads
+    # whatever the cores. One per two cores: on two, one thread cost 0.10-0.12 ms of CPU
+    # per request against 0.13-0.16 with four (four alternating runs at c=32).
+    "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, (os.cpu_count() or 1) // 2)),
 }
 
 
