@@ -98,15 +98,21 @@ def wait_until(child: Child | None, ready: Callable[[], bool], timeout_s: float,
 LATE_BIND_PORTS = range(20000, 30000)
 
 
+def ephemeral_ports() -> range:
+    """The ports the kernel hands to outgoing connections (Linux)."""
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    return range(low, high + 1)
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct loopback TCP ports from ``LATE_BIND_PORTS`` that were free a
     moment ago and lie outside this machine's ephemeral range."""
-    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    candidates = [port for port in LATE_BIND_PORTS if not low <= port <= high]
+    ephemeral = ephemeral_ports()
+    candidates = [port for port in LATE_BIND_PORTS if port not in ephemeral]
     if len(candidates) < count:
         raise StackError(
-            f"the ephemeral port range {low}-{high} covers the ports kept for servers "
-            f"({LATE_BIND_PORTS.start}-{LATE_BIND_PORTS.stop - 1})"
+            f"the ephemeral port range {ephemeral.start}-{ephemeral.stop - 1} covers the "
+            f"ports kept for servers ({LATE_BIND_PORTS.start}-{LATE_BIND_PORTS.stop - 1})"
         )
     chosen: list[int] = []
     for port in random.sample(candidates, len(candidates)):

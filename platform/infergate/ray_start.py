@@ -46,10 +46,15 @@ WORKER_ENV = {"RAY_worker_niceness": "0"}
 def use_fast_ingress(stats_port: int, metrics_port: int) -> None:
     """Ask the Ray Serve started next in this process for ``FAST_INGRESS_ENV``; variables
     the caller exported win."""
-    for name, value in FAST_INGRESS_ENV.items():
-        os.environ.setdefault(name, value)
+    _export_defaults(FAST_INGRESS_ENV)
     os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(stats_port)
     os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(metrics_port)
+
+
+def _export_defaults(env: dict[str, str]) -> None:
+    """Set ``env`` for Ray to read at its start; variables the caller exported win."""
+    for name, value in env.items():
+        os.environ.setdefault(name, value)
 
 
 def start_ray(settings: ServeSettings, keep: set[int]) -> None:
@@ -77,8 +82,7 @@ def _start(settings: ServeSettings, keep: set[int]) -> None:
     if settings.external:
         ray.init(logging_level=logging.WARNING, log_to_driver=False)
         return
-    for name, value in WORKER_ENV.items():
-        os.environ.setdefault(name, value)
+    _export_defaults(WORKER_ENV)
     if settings.fast_ingress:
         use_fast_ingress(settings.haproxy_stats_port, settings.haproxy_metrics_port)
     for attempt in range(1, RAY_START_ATTEMPTS + 1):

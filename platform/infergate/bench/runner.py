@@ -261,8 +261,9 @@ def run_scenario(
         except Exception as exc:  # informational: the cells above stand without it
             alone, record["triton_alone_error"] = [], f"{type(exc).__name__}: {exc}"
             say(f"[{scenario.name}] Triton alone FAILED: {exc}")
+        if alone:
+            record["triton_alone"] = alone
         for row in alone:
-            record.setdefault("triton_alone", []).append(row)
             say(
                 f"  {scenario.name:<9} Triton alone, c=1 tokens={row['tokens']:<4} p50 "
                 f"{row['p50_ms']:7.2f}  p99 {row['p99_ms']:7.2f} ms ({row['calls']} calls)"
