@@ -67,22 +67,23 @@ def _edges(values: Sequence[Any]) -> np.ndarray:
     return np.asarray(edges, dtype=np.float64)
 
 
-def _bin_index(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """The ``np.histogram`` bin of each value. Values outside the reference range go to
-    the first or last bin rather than being dropped: they are drift, not noise."""
-    index = np.searchsorted(edges, values, side="right") - 1
-    return np.clip(index, 0, len(edges) - 2).astype(np.int16)
+def _histogram(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Counts per ``np.histogram`` bin of ``edges``. Values outside the reference range
+    count in the first or last bin rather than being dropped: they are drift, not noise."""
+    index = np.clip(np.searchsorted(edges, values, side="right") - 1, 0, len(edges) - 2)
+    return np.bincount(index, minlength=len(edges) - 1)
 
 
 class DriftWindow:
     """The last texts served by one model version, compared with its reference.
 
-    A ring buffer of per-text records (bin indices, unknown-token ratio, predicted class,
-    unit embedding), so :meth:`add` costs O(batch) and memory stays bounded. A text leaves
-    the window when ``max_texts`` newer ones arrived or when it is older than ``max_age_s``
-    by ``clock``. :meth:`scores` recomputes from the live records, O(max_texts), cheap
-    enough to call every second. With fewer than ``min_texts`` texts in the window it
-    returns no scores at all: PSI over a handful of texts is noise that would page people.
+    A ring buffer of per-text records (token count, unknown-token ratio, predicted class,
+    confidence or embedding norm, unit embedding), so :meth:`add`, which runs on every
+    request, only copies a few numbers, and memory stays bounded. A text leaves the window
+    when ``max_texts`` newer ones arrived or when it is older than ``max_age_s`` by
+    ``clock``. :meth:`scores` bins and compares the live records, O(max_texts), cheap enough
+    to call every second. With fewer than ``min_texts`` texts in the window it returns no
+    scores at all: PSI over a handful of texts is noise that would page people.
     """
 
     def __init__(
@@ -119,13 +120,14 @@ class DriftWindow:
             self._value_ref = np.asarray(reference["embedding_norm"]["counts"], dtype=np.float64)
             self._centroid_ref = np.asarray(reference["centroid"], dtype=np.float64)
 
-        # Ring buffer: slot (self._start + k) % max_texts holds the k-th oldest live text.
+        # Ring buffer: slot (self._start + k) % max_texts holds the k-th oldest text. Texts
+        # past max_age_s leave it lazily, when the window is read.
         self._start = 0
         self._size = 0
         self._time = np.zeros(max_texts, dtype=np.float64)
-        self._length_bin = np.zeros(max_texts, dtype=np.int16)
+        self._length = np.zeros(max_texts, dtype=np.float64)
         self._unknown = np.zeros(max_texts, dtype=np.float64)
-        self._value_bin = np.zeros(max_texts, dtype=np.int16)  # confidence or norm bin
+        self._value = np.zeros(max_texts, dtype=np.float64)  # confidence or embedding norm
         self._predicted = np.zeros(max_texts, dtype=np.int32)
         self._unit: np.ndarray | None = None  # [max_texts, dim], allocated on first add
 
@@ -138,7 +140,7 @@ class DriftWindow:
     def add(self, lengths: np.ndarray, unknown_ratio: np.ndarray, outputs: np.ndarray) -> None:
         """Record one request's texts: token counts, unknown-token ratios and the model
         outputs (class probabilities, or raw un-normalised embeddings), one row per text."""
-        outputs = np.asarray(outputs, dtype=np.float64)
+        outputs = np.asarray(outputs)
         n = len(lengths)
         if n == 0:
             return
@@ -147,8 +149,11 @@ class DriftWindow:
                 f"one row per text expected: {n} lengths, {len(unknown_ratio)} ratios, "
                 f"outputs of shape {outputs.shape}"
             )
-        now = self.clock()
-        self._expire(now)
+        if self.task == CLASSIFICATION and outputs.shape[1] != len(self._class_ref):
+            raise ValueError(
+                f"the reference has {len(self._class_ref)} classes, the outputs "
+                f"{outputs.shape[1]}: is this the reference of another model?"
+            )
         if n > self.max_texts:  # only the newest max_texts of a huge batch can stay
             lengths, unknown_ratio, outputs = (
                 lengths[-self.max_texts :],
@@ -156,21 +161,22 @@ class DriftWindow:
                 outputs[-self.max_texts :],
             )
             n = self.max_texts
-        slots = (self._start + self._size + np.arange(n)) % self.max_texts
-        self._time[slots] = now
-        self._length_bin[slots] = _bin_index(np.asarray(lengths), self._length_edges)
+        first = (self._start + self._size) % self.max_texts
+        # A slice while the batch fits before the ring's end (nearly always): no index array.
+        slots: slice | np.ndarray = (
+            slice(first, first + n)
+            if first + n <= self.max_texts
+            else (first + np.arange(n)) % self.max_texts
+        )
+        self._time[slots] = self.clock()
+        self._length[slots] = lengths
         self._unknown[slots] = unknown_ratio
         if self.task == CLASSIFICATION:
-            if outputs.shape[1] != len(self._class_ref):
-                raise ValueError(
-                    f"the reference has {len(self._class_ref)} classes, the outputs "
-                    f"{outputs.shape[1]}: is this the reference of another model?"
-                )
             self._predicted[slots] = outputs.argmax(axis=1)
-            self._value_bin[slots] = _bin_index(outputs.max(axis=1), self._value_edges)
+            self._value[slots] = outputs.max(axis=1)
         else:
             norms = np.linalg.norm(outputs, axis=1)
-            self._value_bin[slots] = _bin_index(norms, self._value_edges)
+            self._value[slots] = norms
             if self._unit is None:
                 self._unit = np.zeros((self.max_texts, outputs.shape[1]), dtype=np.float32)
             self._unit[slots] = outputs / np.maximum(norms[:, None], 1e-12)
@@ -184,16 +190,13 @@ class DriftWindow:
         if self._size < self.min_texts:
             return {}
         live = (self._start + np.arange(self._size)) % self.max_texts
-        n_length_bins = len(self._length_ref)
-        n_value_bins = len(self._value_ref)
+        lengths = _histogram(self._length[live], self._length_edges)
         result = {
-            ("token_length", "psi"): psi(
-                self._length_ref, np.bincount(self._length_bin[live], minlength=n_length_bins)
-            ),
+            ("token_length", "psi"): psi(self._length_ref, lengths),
             ("unknown_token_ratio", "ratio_delta"): float(self._unknown[live].mean())
             - self._unknown_ref,
         }
-        value_shares = np.bincount(self._value_bin[live], minlength=n_value_bins)
+        value_shares = _histogram(self._value[live], self._value_edges)
         if self.task == CLASSIFICATION:
             classes = np.bincount(self._predicted[live], minlength=len(self._class_ref))
             result[("predicted_class", "psi")] = psi(self._class_ref, classes)

@@ -162,6 +162,25 @@ def test_expiry_by_age_with_a_fake_clock():
     assert window.scores() == {}
 
 
+def test_texts_past_their_age_leave_even_when_the_ring_wraps_over_them():
+    rng = np.random.default_rng(6)
+    clock = FakeClock()
+    window = DriftWindow(
+        _classification_reference(rng),
+        "text-classification",
+        max_texts=100,
+        max_age_s=60,
+        min_texts=10,
+        clock=clock,
+    )
+    window.add(*_classification_traffic(rng, 80, shift=True))
+    clock.now += 61
+    # Writes slots 80-99 and 0-29, over 30 of the expired texts; the other 50 expire.
+    window.add(*_classification_traffic(rng, 50))
+    assert window.count == 50
+    assert window.scores()[("unknown_token_ratio", "ratio_delta")] == pytest.approx(0.0)
+
+
 def test_embedding_scores():
     rng = np.random.default_rng(5)
     dim = 16
