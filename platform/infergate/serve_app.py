@@ -80,7 +80,9 @@ def control_state() -> ray.actor.ActorHandle:
     ).remote()
 
 
-@serve.deployment(name="frontend")
+# No access log unless asked for (ServeSettings.access_log, or a Serve config's
+# logging_config): infergate_requests_total counts every request already.
+@serve.deployment(name="frontend", logging_config={"enable_access_log": False})
 class FrontendDeployment:
     """Tokenizes, calls Triton over gRPC, post-processes; one instance per replica."""
 
@@ -200,6 +202,7 @@ def replica_options(serve_settings: ServeSettings) -> dict[str, Any]:
         },
         # Half a CPU each: two replicas and Ray's own actors still fit on a 2-core box.
         "ray_actor_options": {"num_cpus": 0.5},
+        "logging_config": {"enable_access_log": serve_settings.access_log},
     }
 
 

@@ -247,6 +247,40 @@ def test_serving_processes_are_not_deprioritised(stack):
     assert {value for values in niceness.values() for value in values} == {expected}, niceness
 
 
+def test_replicas_write_no_access_log_line_per_request(stack):
+    """Ray Serve's access log is off (ServeSettings.access_log). Replicas buffer their log
+    1000 records at a time, so over 1000 requests per replica would show lines if it were on."""
+    from infergate.bench.loadgen import HttpTarget, run_load, run_sync
+    from infergate.bench.procfs import snapshot
+
+    root = json.loads((stack.state_dir / "stack.json").read_text())["pid"]
+    replicas = [
+        info.pid
+        for info in snapshot([root], memory=False).values()
+        if info.component == "serve replica"
+    ]
+    logs = {
+        target
+        for pid in replicas
+        for fd in os.listdir(f"/proc/{pid}/fd")
+        if re.search(r"/replica_.*\.log$", target := os.readlink(f"/proc/{pid}/fd/{fd}"))
+    }
+    assert replicas and logs, (replicas, logs)
+    body = json.dumps({"inputs": ["an ordinary evening"]}).encode()
+    target = HttpTarget(
+        "127.0.0.1", int(stack.url.rsplit(":", 1)[1]), "/v1/models/sentiment/predict", (body,)
+    )
+    served = 0
+    while served <= 1000 * len(replicas):
+        result = run_sync(lambda: run_load(target, concurrency=16, duration_s=2, warmup_s=0))
+        assert result.ok == result.requests, result.summary()
+        served += result.ok
+    access_lines = [
+        line for log in logs for line in Path(log).read_text().splitlines() if " -- POST " in line
+    ]
+    assert access_lines == []
+
+
 def test_second_stack_on_busy_ports_fails_clearly(stack, tmp_path):
     env = {**stack.env, "INFERGATE_MLFLOW__STORE_DIR": str(tmp_path / "store")}
     result = subprocess.run(

@@ -34,6 +34,8 @@ applications:
           target_ongoing_requests: {{ $fe.autoscaling.targetOngoingRequests }}
         ray_actor_options:
           num_cpus: {{ $fe.replicaCpus }}
+        logging_config:
+          enable_access_log: {{ $fe.accessLog }}
 {{- end }}
 
 {{/*
