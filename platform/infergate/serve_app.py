@@ -31,6 +31,7 @@ from infergate.monitor import Monitors
 from infergate.registry import Registry, ServedVersion
 from infergate.runtime import ModelRuntime
 from infergate.telemetry import RayTelemetry
+from infergate.tokenization import tokenize_serially
 from infergate.triton.client import TritonBackend
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class FrontendDeployment:
     """Tokenizes, calls Triton over gRPC, post-processes; one instance per replica."""
 
     async def __init__(self) -> None:
+        tokenize_serially()
         self._settings: FrontendSettings | None = None
         self._frontend: Frontend | None = None
         self._backend: BatchingBackend | None = None

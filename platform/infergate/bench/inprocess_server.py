@@ -46,7 +46,7 @@ from infergate.monitor import Monitors
 from infergate.registry import ServedVersion
 from infergate.runtime import ModelRuntime, Spec
 from infergate.serve_app import replica_options
-from infergate.tokenization import TextTokenizer
+from infergate.tokenization import TextTokenizer, tokenize_serially
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ class InprocessFrontend:
     async def __init__(self, model: dict[str, Any], triton: dict, frontend: dict) -> None:
         from infergate.telemetry import RayTelemetry
 
+        tokenize_serially()  # as the platform's replicas do
         t = TritonSettings.model_validate(triton)
         spec = Spec.from_dict(model["spec"])
         # One session with a thread per core (ONNX Runtime's default) has the machine,
