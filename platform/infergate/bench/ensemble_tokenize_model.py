@@ -11,6 +11,7 @@ parameter of ``config.pbtxt``), as infergate's front-end tokenizes.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ class TritonPythonModel:
     """The served model's fast tokenizer."""
 
     def initialize(self, args: dict[str, str]) -> None:
+        # On the calling thread, as infergate's replicas tokenize (tokenize_serially): a
+        # fair comparison of where tokenization runs, not of thread pools.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
         config = json.loads(args["model_config"])
         max_length = int(config["parameters"]["max_length"]["string_value"])
         folder = Path(args["model_repository"]) / args["model_version"]
