@@ -488,7 +488,7 @@ def test_latency_budget_bounds_concurrency_one_and_explains_a_miss():
     infergate = results["scenarios"]["infergate"]
     infergate["cells"][0] = _cell(1, 1, 16, 200.0, 5.0, 7.0)  # required: 2 + 1.5 ms
     infergate["triton_alone"] = [{"tokens": 16, "calls": 900, "p50_ms": 3.6, "p95_ms": 4.0,
-                                  "p99_ms": 5.0}]  # fmt: skip
+                                  "p99_ms": 5.0, "other_p50_ms": 4.4}]  # fmt: skip
     results["scenarios"]["floor"] = {"cells": [_cell(1, 1, 16, 3000.0, 0.5, 0.9)]}
     [budget] = latency_budget(results)
     assert budget["required_ms"] == 3.5 and budget["bound_ms"] == pytest.approx(4.1)
@@ -500,7 +500,7 @@ def test_latency_budget_bounds_concurrency_one_and_explains_a_miss():
 
     assert note() == "out of reach of this layout: Triton alone 3.60 + floor 0.50 = 4.10 ms"
     text = markdown(results)
-    assert "| 16 | 3.50 | 3.60 | 0.50 | 4.10 | 5.00 |" in text
+    assert "| 16 | 3.50 | 3.60 | 4.40 | 0.50 | 4.10 | 5.00 |" in text
     assert "MISS 43% over, out of reach of this layout" in text
     # Failed requests are what the row must say, whatever the bound.
     infergate["cells"][0] = _cell(1, 1, 16, 200.0, 5.0, 7.0, errors=3)
@@ -510,6 +510,23 @@ def test_latency_budget_bounds_concurrency_one_and_explains_a_miss():
     infergate["cells"][0] = _cell(1, 1, 16, 200.0, 5.0, 7.0)
     infergate["triton_alone"][0]["p50_ms"] = 3.2
     assert note() == ""
+
+
+def test_triton_alone_keeps_the_faster_of_two_runs_per_length():
+    from infergate.bench.runner import faster_rows
+
+    def row(tokens: int, p50: float) -> dict:
+        return {"tokens": tokens, "calls": 100, "p50_ms": p50, "p95_ms": p50, "p99_ms": p50}
+
+    before = [row(16, 4.3), row(128, 12.0)]
+    after = [row(16, 3.1), row(128, 12.8)]
+    assert faster_rows(before, after) == [
+        {**row(16, 3.1), "other_p50_ms": 4.3},
+        {**row(128, 12.0), "other_p50_ms": 12.8},
+    ]
+    # One run failed (no rows): the other stands alone.
+    assert faster_rows([], after) == after
+    assert faster_rows([], []) == []
 
 
 def test_no_latency_budget_without_triton_alone_or_the_floor():
