@@ -40,7 +40,13 @@ FAST_INGRESS_ENV = {
 # the serving path, beside Triton on the same cores: 15 steps down, the replicas waited
 # for the model's threads, and the cores idled between batches (c=32: 809-880 -> 848-942
 # req/s and idle 10-11 % -> 8-9 % in three alternating pairs; c=8: 547-616 -> 638-665).
-WORKER_ENV = {"RAY_worker_niceness": "0"}
+WORKER_ENV = {
+    "RAY_worker_niceness": "0",
+    # Replicas tokenize on the calling thread (infergate.tokenization.tokenize_serially);
+    # set before the workers start, so that no replica writes its environment while
+    # other threads run.
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 def use_fast_ingress(stats_port: int, metrics_port: int) -> None:

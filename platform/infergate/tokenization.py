@@ -21,8 +21,13 @@ def tokenize_serially() -> None:
     holds half a core beside Triton's model threads, and there the spread costs CPU it
     does not give back in time: 16 texts took 330 us of CPU on one thread and 500 us spread
     over two (2-core machine, same wall time). Read by the library at every call.
+
+    The stack, the Helm chart and the Compose file start Ray's workers with the variable
+    set already; then this writes nothing (a process writing its environment while other
+    threads read theirs is best avoided).
     """
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if os.environ.get("TOKENIZERS_PARALLELISM") != "false":
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 @dataclass(frozen=True)

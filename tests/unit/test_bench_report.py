@@ -515,14 +515,14 @@ def test_latency_budget_bounds_concurrency_one_and_explains_a_miss():
 def test_triton_alone_keeps_the_faster_of_two_runs_per_length():
     from infergate.bench.runner import faster_rows
 
-    def row(tokens: int, p50: float) -> dict:
-        return {"tokens": tokens, "calls": 100, "p50_ms": p50, "p95_ms": p50, "p99_ms": p50}
+    def row(tokens: int, p50: float, run: str) -> dict:
+        return {"tokens": tokens, "calls": 100, "p50_ms": p50, "p99_ms": p50, "run": run}
 
-    before = [row(16, 4.3), row(128, 12.0)]
-    after = [row(16, 3.1), row(128, 12.8)]
+    before = [row(16, 4.3, "before"), row(128, 12.0, "before")]
+    after = [row(16, 3.1, "after"), row(128, 12.8, "after")]
     assert faster_rows(before, after) == [
-        {**row(16, 3.1), "other_p50_ms": 4.3},
-        {**row(128, 12.0), "other_p50_ms": 12.8},
+        {**row(16, 3.1, "after"), "other_p50_ms": 4.3},
+        {**row(128, 12.0, "before"), "other_p50_ms": 12.8},
     ]
     # One run failed (no rows): the other stands alone.
     assert faster_rows([], after) == after

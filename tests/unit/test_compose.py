@@ -261,6 +261,7 @@ def test_serve_config_is_valid_and_matches_the_helm_chart(compose):
     (chart_deployment,) = chart_app["deployments"]
     assert deployment["name"] == chart_deployment["name"]
     assert set(deployment) == set(chart_deployment)
+    assert deployment["logging_config"] == chart_deployment["logging_config"]
     AutoscalingConfig.model_validate(deployment["autoscaling_config"])
     # The args name services of this file.
     args = app["args"]
@@ -272,6 +273,7 @@ def test_serve_config_is_valid_and_matches_the_helm_chart(compose):
     assert urlsplit(ray_address).hostname == "ray-head"
     assert set(args) - set(FrontendSettings.model_fields) == PENDING_FRONTEND_ARGS
     ray_head = services["ray-head"]
+    assert env_of(ray_head)["TOKENIZERS_PARALLELISM"] == "false"  # as the local stack's workers
     assert {"source": "serve", "target": "/etc/infergate/serve.yaml"} in ray_head["configs"]
     assert "/etc/infergate/serve.yaml" in ray_head["command"][-1]
 

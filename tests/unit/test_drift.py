@@ -175,10 +175,11 @@ def test_texts_past_their_age_leave_even_when_the_ring_wraps_over_them():
     )
     window.add(*_classification_traffic(rng, 80, shift=True))
     clock.now += 61
-    # Writes slots 80-99 and 0-29, over 30 of the expired texts; the other 50 expire.
+    # Writes slots 80-99 and 0-29, over 30 of the expired texts; the other 50 expire when
+    # the window is read, by scores() as by count.
     window.add(*_classification_traffic(rng, 50))
-    assert window.count == 50
     assert window.scores()[("unknown_token_ratio", "ratio_delta")] == pytest.approx(0.0)
+    assert window.count == 50
 
 
 def test_embedding_scores():
@@ -204,6 +205,12 @@ def test_embedding_scores():
     }
     assert same[("embedding_norm", "psi")] < 0.05
     assert same[("centroid", "cosine_distance")] < 0.01
+
+    # Models answer float32; the window takes it as it is.
+    single = DriftWindow(reference, "feature-extraction", clock=FakeClock())
+    single.add(rng.integers(5, 60, 1000), np.zeros(1000), traffic(1000, 1.0).astype(np.float32))
+    assert single.scores()[("embedding_norm", "psi")] < 0.05
+    assert single.scores()[("centroid", "cosine_distance")] < 0.01
 
     shifted = DriftWindow(reference, "feature-extraction", clock=FakeClock())
     shifted.add(rng.integers(5, 60, 200), np.zeros(200), traffic(200, 3.0, angle_shift=True))

@@ -247,6 +247,32 @@ def test_serve_application_names_match_the_code_and_the_alerts():
     assert f'application="{app["name"]}", deployment="{deployment["name"]}"' in alerts
 
 
+@pytest.mark.parametrize("scenario", ["defaults", "existing-secrets-no-monitoring"])
+def test_ray_containers_start_with_the_worker_environment_of_the_local_stack(scenario):
+    """What the local stack exports for Ray's workers and is not about the host (the
+    niceness is), e.g. tokenizing on the calling thread, every Ray container has too."""
+    from infergate.ray_start import WORKER_ENV
+
+    wanted = {k: v for k, v in WORKER_ENV.items() if not k.startswith("RAY_")}
+    assert wanted
+    for template in ray_pod_templates(find(render(scenario), "RayService")):
+        env = env_of(template["spec"]["containers"][0])
+        assert {k: env.get(k) for k in wanted} == wanted
+
+
+def test_access_log_follows_the_values_and_the_settings():
+    from infergate.config import ServeSettings
+    from infergate.serve_app import replica_options
+
+    (deployment,) = frontend_app(render("defaults"))["deployments"]
+    assert deployment["logging_config"] == {"enable_access_log": False}
+    (deployment,) = frontend_app(render({"frontend": {"accessLog": True}}))["deployments"]
+    assert deployment["logging_config"] == {"enable_access_log": True}
+    assert replica_options(ServeSettings())["logging_config"] == {"enable_access_log": False}
+    options = replica_options(ServeSettings(access_log=True))
+    assert options["logging_config"] == {"enable_access_log": True}
+
+
 def test_serve_builder_exists():
     from infergate import serve_app
 

@@ -42,7 +42,10 @@ applications:
 Environment of every Ray container.
 */}}
 {{- define "infergate.rayEnv" -}}
-{{- if .Values.frontend.fastIngress -}}
+# Replicas tokenize a batch on the calling thread (infergate.tokenization).
+- name: TOKENIZERS_PARALLELISM
+  value: "false"
+{{- if .Values.frontend.fastIngress }}
 # HAProxy ingress and throughput-optimised mode of Ray Serve.
 - name: RAY_SERVE_ENABLE_HA_PROXY
   value: "1"
@@ -53,8 +56,6 @@ Environment of every Ray container.
   value: "0"
 - name: RAY_SERVE_HAPROXY_METRICS_PORT
   value: {{ .Values.frontend.haproxyMetricsPort | quote }}
-{{- else }}
-[]
 {{- end }}
 {{- end }}
 

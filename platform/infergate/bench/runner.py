@@ -226,14 +226,21 @@ def merge_ceiling_runs(first: dict[str, Any], second: dict[str, Any]) -> dict[st
 
 
 def _triton_alone(
-    scenario: Scenario, texts: TextSets, profile: Profile, record: dict[str, Any], say: Say
+    scenario: Scenario,
+    texts: TextSets,
+    profile: Profile,
+    record: dict[str, Any],
+    say: Say,
+    when: str,
 ) -> list[dict[str, Any]]:
-    """``scenario.triton_alone`` with progress; a failure is recorded, the cells stand."""
+    """``scenario.triton_alone`` with progress, its rows marked ``run: when`` ("before" or
+    "after" the cells); a failure is recorded as ``triton_alone_error_<when>``, and the
+    cells stand without it."""
     try:
-        rows = scenario.triton_alone(texts, profile)
+        rows = [{**row, "run": when} for row in scenario.triton_alone(texts, profile)]
     except Exception as exc:
-        record["triton_alone_error"] = f"{type(exc).__name__}: {exc}"
-        say(f"[{scenario.name}] Triton alone FAILED: {exc}")
+        record[f"triton_alone_error_{when}"] = f"{type(exc).__name__}: {exc}"
+        say(f"[{scenario.name}] Triton alone ({when} the cells) FAILED: {exc}")
         return []
     for row in rows:
         say(
@@ -286,13 +293,13 @@ def run_scenario(
             if reference_labels is not None and scenario.name not in WITHOUT_MODEL
             else None
         )
-        alone_before = _triton_alone(scenario, texts, profile, record, say)
+        alone_before = _triton_alone(scenario, texts, profile, record, say, "before")
         for cell in sorted(profile.cells, key=lambda c: (c.tokens, c.texts, c.concurrency)):
             row = measure_cell(scenario, texts, cell, profile, options, say)
             record["cells"].append(row)
             say(progress_line(scenario.name, row))
         record["memory"] = _peak_memory(record["cells"])
-        alone_after = _triton_alone(scenario, texts, profile, record, say)
+        alone_after = _triton_alone(scenario, texts, profile, record, say, "after")
         if alone := faster_rows(alone_before, alone_after):
             record["triton_alone"] = alone
     except Exception as exc:

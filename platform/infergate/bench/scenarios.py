@@ -233,8 +233,8 @@ class InfergateStack(Scenario):
 
     def triton_alone(self, texts: TextSets, profile: Profile) -> list[dict[str, Any]]:
         """Triton alone at concurrency 1: the platform's own gRPC client calling the served
-        model straight, one pre-tokenized text at a time. With the floor's p50 it bounds
-        the end-to-end p50 of any Ray Serve front-end in front of this Triton."""
+        model straight, one pre-tokenized text at a time. With the floor's p50 it estimates
+        the least end-to-end p50 of a Ray Serve front-end in front of this Triton."""
         spec = self.prepared.spec
         tokenizer = TextTokenizer.from_dir(self.prepared.tokenizer_dir, int(spec["max_length"]))
         backend = TritonBackend(f"{HOST}:{self.env['INFERGATE_TRITON__GRPC_PORT']}", 30.0)
