@@ -80,11 +80,11 @@ class DriftWindow:
     A ring buffer of per-text records (token count, unknown-token ratio, predicted class,
     confidence or embedding norm, unit embedding), so :meth:`add`, which runs on every
     request, only copies a few numbers per text (and normalises an embedding), and memory
-    stays bounded. A text leaves the window
-    when ``max_texts`` newer ones arrived or when it is older than ``max_age_s`` by
-    ``clock``. :meth:`scores` bins and compares the live records, O(max_texts), cheap enough
-    to call every second. With fewer than ``min_texts`` texts in the window it returns no
-    scores at all: PSI over a handful of texts is noise that would page people.
+    stays bounded. A text leaves the window when ``max_texts`` newer ones arrived or when
+    it is older than ``max_age_s`` by ``clock``. :meth:`scores` bins and compares the live
+    records, O(max_texts), cheap enough to call every second. With fewer than
+    ``min_texts`` texts in the window it returns no scores at all: PSI over a handful of
+    texts is noise that would page people.
     """
 
     def __init__(

@@ -232,16 +232,26 @@ def test_prometheus_scrapes_triton(stack, http):
     raise AssertionError("Prometheus has no nv_inference_request_success samples")
 
 
-def test_serving_processes_are_not_deprioritised(stack):
-    """Ray would start its workers 15 steps nicer than itself, behind Triton's model
-    threads on the same cores; the stack asks for no step (infergate.ray_start.WORKER_ENV)."""
+def stack_processes(stack) -> tuple[int, dict[str, list[int]]]:
+    """The stack's root pid, and the pids under it by the benchmark's component names
+    ("serve replica", "haproxy ingress", ...)."""
     from infergate.bench.procfs import snapshot
 
     root = json.loads((stack.state_dir / "stack.json").read_text())["pid"]
-    niceness: dict[str, list[int]] = {"serve replica": [], "haproxy ingress": []}
+    pids: dict[str, list[int]] = {}
     for info in snapshot([root], memory=False).values():
-        if info.component in niceness:
-            niceness[info.component].append(os.getpriority(os.PRIO_PROCESS, info.pid))
+        pids.setdefault(info.component, []).append(info.pid)
+    return root, pids
+
+
+def test_serving_processes_are_not_deprioritised(stack):
+    """Ray would start its workers 15 steps nicer than itself, behind Triton's model
+    threads on the same cores; the stack asks for no step (infergate.ray_start.WORKER_ENV)."""
+    root, pids = stack_processes(stack)
+    niceness = {
+        component: [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids.get(component, [])]
+        for component in ("serve replica", "haproxy ingress")
+    }
     assert all(niceness.values()), niceness
     expected = os.getpriority(os.PRIO_PROCESS, root)
     assert {value for values in niceness.values() for value in values} == {expected}, niceness
@@ -251,14 +261,8 @@ def test_replicas_write_no_access_log_line_per_request(stack):
     """Ray Serve's access log is off (ServeSettings.access_log). Replicas buffer their log
     1000 records at a time, so over 1000 requests per replica would show lines if it were on."""
     from infergate.bench.loadgen import HttpTarget, run_load, run_sync
-    from infergate.bench.procfs import snapshot
 
-    root = json.loads((stack.state_dir / "stack.json").read_text())["pid"]
-    replicas = [
-        info.pid
-        for info in snapshot([root], memory=False).values()
-        if info.component == "serve replica"
-    ]
+    replicas = stack_processes(stack)[1].get("serve replica", [])
     logs = {
         target
         for pid in replicas

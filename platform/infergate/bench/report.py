@@ -338,12 +338,25 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     return lines
 
 
-def _per_length_table(rows: list[dict[str, Any]], columns: dict[str, str]) -> list[str]:
-    """One line per token length; ``columns`` maps headers to the rows' keys (2 decimals)."""
-    return _table(
-        ["tokens", *columns],
-        ([str(row["tokens"]), *(_num(row[key], 2) for key in columns.values())] for row in rows),
-    )
+def _per_length_section(
+    title: str, rows: list[dict[str, Any]], columns: dict[str, str], note: str
+) -> list[str]:
+    """A section with one line per token length (``columns`` maps headers to the rows'
+    keys, 2 decimals) and a note under the table; nothing without rows."""
+    if not rows:
+        return []
+    return [
+        "",
+        f"## {title}",
+        "",
+        *_table(
+            ["tokens", *columns],
+            ([str(row["tokens"]), *(_num(row[key], 2) for key in columns.values())]
+             for row in rows),
+        ),
+        "",
+        note,
+    ]  # fmt: skip
 
 
 def verdict(row: dict[str, Any]) -> str:
@@ -474,41 +487,36 @@ def markdown(results: dict[str, Any]) -> str:
             ["scenario", "cell", "share"],
             ([s["scenario"], s["cell"], _num(s["share"], 2)] for s in shares),
         )
-    budget = cpu_budget(results)
-    if budget:
-        out += ["", "## CPU budget of a single-text request (c=32)", ""]
-        out += _per_length_table(
-            budget,
-            {
-                "model CPU ms/seq (ceiling)": "model_cpu_ms_per_sequence",
-                "floor CPU ms/req": "floor_cpu_ms_per_request",
-                "infergate CPU ms/req": "infergate_cpu_ms_per_request",
-                "best share possible": "bound_share",
-                "infergate share": "infergate_share",
-            },
-        )
-        out += ["", "Best share possible: the machine's CPU over (the model's CPU per sequence "
-                "+ the floor's per request), as a share of the ceiling: a Ray Serve front-end "
-                "whose tokenizing, handler and backend call cost nothing."]  # fmt: skip
-    latency = latency_budget(results)
-    if latency:
-        out += ["", "## Latency budget of a single-text request (c=1)", ""]
-        out += _per_length_table(
-            latency,
-            {
-                "required p50 ms": "required_ms",
-                "Triton alone p50 ms": "triton_alone_p50_ms",
-                "other run ms": "triton_alone_other_p50_ms",
-                "floor p50 ms": "floor_p50_ms",
-                "estimated least ms": "bound_ms",
-                "infergate p50 ms": "infergate_p50_ms",
-            },
-        )
-        out += ["", "Triton alone: the platform's gRPC client calling its Triton model straight "
-                "with pre-tokenized text, one call at a time, before and after the stack's "
-                "cells; the faster run is kept, the other is beside it. Estimated least: its "
-                "median plus the floor's, a Ray Serve replica that answers without "
-                "working."]  # fmt: skip
+    out += _per_length_section(
+        "CPU budget of a single-text request (c=32)",
+        cpu_budget(results),
+        {
+            "model CPU ms/seq (ceiling)": "model_cpu_ms_per_sequence",
+            "floor CPU ms/req": "floor_cpu_ms_per_request",
+            "infergate CPU ms/req": "infergate_cpu_ms_per_request",
+            "best share possible": "bound_share",
+            "infergate share": "infergate_share",
+        },
+        "Best share possible: the machine's CPU over (the model's CPU per sequence + the "
+        "floor's per request), as a share of the ceiling: a Ray Serve front-end whose "
+        "tokenizing, handler and backend call cost nothing.",
+    )
+    out += _per_length_section(
+        "Latency budget of a single-text request (c=1)",
+        latency_budget(results),
+        {
+            "required p50 ms": "required_ms",
+            "Triton alone p50 ms": "triton_alone_p50_ms",
+            "other run ms": "triton_alone_other_p50_ms",
+            "floor p50 ms": "floor_p50_ms",
+            "estimated least ms": "bound_ms",
+            "infergate p50 ms": "infergate_p50_ms",
+        },
+        "Triton alone: the platform's gRPC client calling its Triton model straight with "
+        "pre-tokenized text, one call at a time, before and after the stack's cells; the "
+        "faster run is kept, the other is beside it. Estimated least: its median plus the "
+        "floor's, a Ray Serve replica that answers without working.",
+    )
     hop = triton_hop(results)
     if hop:
         out += ["", "## Price of the Triton hop (in-process front-end vs infergate)", ""]

@@ -197,6 +197,7 @@ class InfergateStack(Scenario):
         self.pid: int | None = None
         self.env: dict[str, str] = {}
         self.extra_env = dict(extra_env or {})
+        self.triton_model = triton_model_name(MODEL_NAME, prepared.version)
         if label:
             self.name = f"infergate ({label})"
             self.description += " with " + ", ".join(f"{k}={v}" for k, v in self.extra_env.items())
@@ -223,8 +224,7 @@ class InfergateStack(Scenario):
             raise StackError(f"infergate up failed:\n{up.stderr[-3000:]}")
         state = json.loads((self.state_dir / "stack.json").read_text())
         self.pid = int(state["pid"])
-        model = triton_model_name(MODEL_NAME, self.prepared.version)
-        served = self.state_dir / "triton-repository" / model / "1" / "model.onnx"
+        served = self.state_dir / "triton-repository" / self.triton_model / "1" / "model.onnx"
         self.info["served_onnx"] = str(served)
         self.info["served_onnx_is_prepared_file"] = (
             served.exists() and sha256(served) == self.prepared.onnx_sha256
@@ -238,14 +238,13 @@ class InfergateStack(Scenario):
         spec = self.prepared.spec
         tokenizer = TextTokenizer.from_dir(self.prepared.tokenizer_dir, int(spec["max_length"]))
         backend = TritonBackend(f"{HOST}:{self.env['INFERGATE_TRITON__GRPC_PORT']}", 30.0)
-        model = triton_model_name(MODEL_NAME, self.prepared.version)
         rows = []
         for tokens in profile.token_lengths:
             batches = [tokenizer([text]) for text in texts.by_tokens[tokens][:16]]
             requests = [(batch.input_ids, batch.attention_mask) for batch in batches]
             figures = run_sync(
                 lambda requests=requests: sequential_calls(
-                    backend, model, spec["output_name"], requests,
+                    backend, self.triton_model, spec["output_name"], requests,
                     profile.warmup_s, profile.duration_s,
                 )
             )  # fmt: skip
