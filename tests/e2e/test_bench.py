@@ -99,6 +99,25 @@ def test_the_floor_bounds_a_ray_serve_front_end(results):
     assert budget["floor_cpu_ms_per_request"] > 0 and 0 < budget["bound_share"] < 1
 
 
+def test_the_floor_is_paced_to_the_rate_the_single_text_target_asks(results):
+    [paced] = results["scenarios"]["floor"]["paced_cells"]
+    ceiling = {(r["tokens"], r["batch"]): r for r in results["ceiling"]["rows"]}[(16, 32)]
+    pace = paced["paced_for_requests_per_s"]
+    # Paced from the ceiling's first run; the row keeps the faster of its two runs.
+    runs = (ceiling["sequences_per_s"], ceiling.get("slower_run_sequences_per_s"))
+    assert any(pace == pytest.approx(0.55 * run) for run in runs if run)
+    assert (paced["concurrency"], paced["texts"], paced["tokens"]) == (32, 1, 16)
+    assert paced["delay_ms"] == pytest.approx(32e3 / pace) and paced["errors"] == 0
+    # Every answer waits out the delay, so the closed loop runs at about the pace, not faster.
+    assert paced["p50_ms"] >= paced["delay_ms"]
+    assert 0.5 * pace <= paced["requests_per_s"] <= 1.1 * pace
+    # The budget reads it: with no infergate run, the room is there and the own work is not.
+    [budget] = results["cpu_budget"]
+    assert budget["paced_floor_requests_per_s"] == paced["requests_per_s"]
+    assert budget["paced_floor_cpu_ms_per_request"] > 0 and budget["room_ms"] is not None
+    assert budget["own_work_ms"] is None
+
+
 def test_results_folder_has_a_readable_report(results, tmp_path: Path):
     from infergate.bench.report import markdown
 

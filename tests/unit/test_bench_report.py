@@ -22,6 +22,7 @@ from infergate.bench.loadgen import (
 )
 from infergate.bench.report import (
     ceiling_shares,
+    cell_row,
     check,
     evaluate_targets,
     markdown,
@@ -471,7 +472,82 @@ def test_cpu_budget_bounds_what_a_front_end_could_reach():
     # 2 cores / (2 + 1) ms = 667 req/s, two thirds of the ceiling's 1000.
     assert budget["bound_share"] == pytest.approx(2 / 3)
     assert budget["infergate_share"] == pytest.approx(0.5)
-    assert "| 16 | 2.00 | 1.00 | 3.00 | 0.67 | 0.50 |" in markdown(results)
+    # Without a paced floor there is no room to compute, and the share's miss says nothing.
+    assert budget["paced_floor_cpu_ms_per_request"] is None and budget["room_ms"] is None
+    assert "| 16 | 2.00 | 1.00 | - | - | 3.00 | - | - | 0.67 | 0.50 |" in markdown(results)
+    share = _single_text_share(results)
+    assert share["passed"] is False and share["note"] == ""
+
+
+def _single_text_share(results: dict) -> dict:
+    [share] = [
+        t for t in evaluate_targets(results) if t["target"] == "infergate vs ceiling (1 text)"
+    ]
+    return share
+
+
+def _paced_floor(rps: float, cpu_percent: float, tokens: int = 16) -> dict:
+    paced = _cell(32, 1, tokens, rps, 35.0, 40.0)
+    paced["server_cpu_percent"] = {"total": cpu_percent}
+    return {**paced, "paced_for_requests_per_s": 550.0, "delay_ms": 58.2}
+
+
+def test_cpu_budget_prices_the_floor_at_the_targets_rate():
+    from infergate.bench.report import cpu_budget
+
+    results = _results()
+    results["ceiling"]["rows"][1]["cpu_ms_per_sequence"] = 2.0  # 1000 seq/s on 2 cores
+    floor = _cell(32, 1, 16, 1500.0, 20.0, 30.0)
+    floor["server_cpu_percent"] = {"total": 30.0}  # flat out: 0.2 ms each
+    # Paced to the target's 550 req/s (0.55 x 1000), each request costs 0.5 ms.
+    paced = _paced_floor(550.0, 27.5)
+    results["scenarios"]["floor"] = {"cells": [floor], "paced_cells": [paced]}
+    [budget] = cpu_budget(results)
+    assert budget["floor_cpu_ms_per_request"] == pytest.approx(0.2)
+    assert budget["paced_floor_requests_per_s"] == 550.0
+    assert budget["paced_floor_cpu_ms_per_request"] == pytest.approx(0.5)
+    # At 550 req/s two cores have 3.64 ms per request: 2 for the model, 0.5 for the floor.
+    assert budget["room_ms"] == pytest.approx(2000 / 550 - 2.5)
+    # infergate: 3 ms per request (150 % of a core at 500 req/s), 0.5 of it its own work.
+    assert budget["own_work_ms"] == pytest.approx(0.5)
+    # The bound reads the paced floor: 2 cores / 2.5 ms = 800 req/s, 0.8 of the ceiling.
+    assert budget["bound_share"] == pytest.approx(0.8)
+    assert "| 16 | 2.00 | 0.20 | 550.00 | 0.50 | 3.00 | 1.14 | 0.50 | 0.80 | 0.50 |" in markdown(
+        results
+    )
+    share = _single_text_share(results)
+    assert share["note"] == "own work 0.50 ms/req, 1.14 left for it at the target's rate"
+    assert verdict(share) == (
+        "MISS 9% short, own work 0.50 ms/req, 1.14 left for it at the target's rate"
+    )
+
+
+def test_a_share_the_model_and_paced_floor_cannot_leave_room_for_is_out_of_reach():
+    results = _results()
+    results["ceiling"]["rows"][1]["cpu_ms_per_sequence"] = 2.0
+    floor = _cell(32, 1, 16, 1500.0, 20.0, 30.0)
+    # 2 ms per request at 550 req/s: with the model's 2, more than the 3.64 two cores have.
+    results["scenarios"]["floor"] = {"cells": [floor], "paced_cells": [_paced_floor(550.0, 110.0)]}
+    share = _single_text_share(results)
+    assert share["passed"] is False
+    assert share["note"] == (
+        "out of reach of this layout: the model and the paced floor alone take 0.36 ms/req "
+        "more CPU than the machine has at the target's rate"
+    )
+
+
+def test_a_share_met_or_with_failed_requests_keeps_its_own_note():
+    results = _results()
+    results["ceiling"]["rows"][1]["cpu_ms_per_sequence"] = 2.0
+    floor = _cell(32, 1, 16, 1500.0, 20.0, 30.0)
+    results["scenarios"]["floor"] = {"cells": [floor], "paced_cells": [_paced_floor(550.0, 27.5)]}
+    ours = cell_row(results, "infergate", 32, 1, 16)
+    ours["errors"] = 3
+    share = _single_text_share(results)
+    assert share["note"] == "3 failed requests in the cell"
+    ours["errors"], ours["requests_per_s"], ours["sequences_per_s"] = 0, 600.0, 600.0
+    share = _single_text_share(results)
+    assert share["passed"] is True and verdict(share) == "PASS"
 
 
 def test_no_budget_without_a_floor_or_the_ceiling_cpu():

@@ -12,7 +12,7 @@ Not included: the replica's report of canary counters to the stats actor (once a
 
 With ``--floor`` it serves :class:`FloorFrontend` instead, which answers without tokenizing
 or inferring: the cost of Ray Serve's ingress and replica alone, a floor under any front-end
-built on them.
+built on them (flat out, or paced to a given request rate).
 
 Run by the harness as ``python -m infergate.bench.inprocess_server``; it serves until
 SIGTERM. Configuration (ports aside) comes from ``load_config()``, so ``INFERGATE_*``
@@ -126,10 +126,17 @@ class InprocessFrontend:
 @serve.deployment(name="frontend")
 class FloorFrontend:
     """The floor: reads and parses the request, answers one empty output per text. What
-    Ray Serve's ingress and a replica cost before any tokenizing or inference."""
+    Ray Serve's ingress and a replica cost before any tokenizing or inference.
+
+    ``?delay_ms=D`` makes it wait D ms (without using CPU) before answering, so that a
+    closed loop of N clients runs at about N / D requests a second: what Ray Serve costs
+    per request at the rate a real front-end serves, rather than flat out."""
 
     async def __call__(self, request: Request) -> Response:
         texts = orjson.loads(await request.body())["inputs"]
+        delay_ms = request.query_params.get("delay_ms")
+        if delay_ms is not None:
+            await asyncio.sleep(float(delay_ms) / 1e3)
         body = orjson.dumps({"model": "floor", "outputs": [{"label": None}] * len(texts)})
         return Response(body, media_type="application/json")
 

@@ -15,7 +15,9 @@ computed (it then says what is missing):
 
 Each is checked at every token length measured; a cell with errors fails. A missed c=1
 target whose requirement lies below what Triton alone and the floor take together (see
-:func:`latency_budget`) says so in its note.
+:func:`latency_budget`) says so in its note; a missed single-text share says what the
+front-end's own work costs per request and how much the target's rate leaves for it (see
+:func:`cpu_budget`).
 """
 
 from __future__ import annotations
@@ -127,24 +129,27 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target at every measured token length (see the module docstring)."""
     rows = []
     bounds = {row["tokens"]: row for row in latency_budget(results)}
+    budgets = {row["tokens"]: row for row in cpu_budget(results)}
     for tokens in measured_tokens(results):
         ceiling = ceiling_row(results, tokens, CEILING_BATCH)
         ceiling_sps = ceiling["sequences_per_s"] if ceiling else None
         for texts, share in ((1, SINGLE_TEXT_SHARE), (16, MULTI_TEXT_SHARE)):
             cell = cell_row(results, "infergate", 32, texts, tokens)
             measured = cell["sequences_per_s"] if cell else None
-            rows.append(
-                check(
-                    f"infergate vs ceiling ({texts} text{'s' if texts > 1 else ''})",
-                    f"c=32 texts={texts} tokens={tokens}",
-                    measured / ceiling_sps if measured is not None and ceiling_sps else None,
-                    share,
-                    at_least=True,
-                    unit="x ceiling seq/s",
-                    missing=_missing(infergate=cell, ceiling=ceiling),
-                    errors=_errors(cell),
-                )
+            row = check(
+                f"infergate vs ceiling ({texts} text{'s' if texts > 1 else ''})",
+                f"c=32 texts={texts} tokens={tokens}",
+                measured / ceiling_sps if measured is not None and ceiling_sps else None,
+                share,
+                at_least=True,
+                unit="x ceiling seq/s",
+                missing=_missing(infergate=cell, ceiling=ceiling),
+                errors=_errors(cell),
             )
+            budget = budgets.get(tokens)
+            if texts == 1 and row["passed"] is False and not _errors(cell) and budget:
+                row["note"] = _room_note(budget)
+            rows.append(row)
         for texts in (1, 16):
             ours = cell_row(results, "infergate", 32, texts, tokens)
             for other, factor in (("naive", NAIVE_FACTOR), ("ensemble", ENSEMBLE_FACTOR)):
@@ -206,6 +211,19 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _room_note(budget: dict[str, Any]) -> str:
+    """What a missed single-text share leaves to the front-end (see :func:`cpu_budget`)."""
+    room, own = budget["room_ms"], budget["own_work_ms"]
+    if room is None or own is None:
+        return ""
+    if room <= 0:
+        return (
+            f"out of reach of this layout: the model and the paced floor alone take "
+            f"{-room:.2f} ms/req more CPU than the machine has at the target's rate"
+        )
+    return f"own work {own:.2f} ms/req, {room:.2f} left for it at the target's rate"
+
+
 def ceiling_shares(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Informational: every scenario's c=32 sequences/s as a share of the ceiling's."""
     rows = []
@@ -238,6 +256,21 @@ def triton_hop(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def single_text_target_rps(results: dict[str, Any], tokens: int) -> float | None:
+    """The single-text requests/s at c=32 the ceiling target asks of infergate."""
+    ceiling = ceiling_row(results, tokens, CEILING_BATCH)
+    return SINGLE_TEXT_SHARE * ceiling["sequences_per_s"] if ceiling else None
+
+
+def paced_floor_row(results: dict[str, Any], tokens: int) -> dict[str, Any] | None:
+    """The floor's single-text cell paced to the target's rate (``runner.measure_paced``)."""
+    record = results.get("scenarios", {}).get("floor") or {}
+    for row in record.get("paced_cells", []):
+        if row["tokens"] == tokens:
+            return row
+    return None
+
+
 def cpu_ms_per_request(row: dict[str, Any], component: str = "total") -> float | None:
     """CPU milliseconds one request of a cell cost ``component`` (all cores together)."""
     percent = row.get("server_cpu_percent", {}).get(component)
@@ -251,9 +284,16 @@ def cpu_budget(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     Both cores are busy at c=32, so requests/s is the machine's CPU over the CPU one
     request costs. A request costs at least the model's own CPU per sequence (the
-    ceiling's) plus what the floor scenario spends per request on Ray Serve's ingress and
-    replica with no work at all; ``bound_share`` is that best case as a share of the
-    ceiling, to read beside the measured share.
+    ceiling's) plus what the floor spends per request on Ray Serve's ingress and replica
+    with no work at all. Flat out, the floor's replica handles many requests per turn of
+    its event loop, which makes each cheap; paced to the rate the target asks of infergate
+    (:func:`paced_floor_row`) each costs what it costs a front-end there.
+
+    ``bound_share``: that best case (with the paced floor where measured) as a share of the
+    ceiling. ``room_ms``: the CPU per request the machine has at the target's rate, minus
+    the model's and the paced floor's: what tokenizing, the handler and the Triton hop may
+    cost together if the target is to be met with both cores busy. ``own_work_ms``: what
+    infergate spends on them in the run (its CPU per request minus the same two).
     """
     cores = results.get("meta", {}).get("cpus") or 1
     rows = []
@@ -265,15 +305,29 @@ def cpu_budget(results: dict[str, Any]) -> list[dict[str, Any]]:
         model_ms, floor_ms = ceiling["cpu_ms_per_sequence"], cpu_ms_per_request(floor)
         if floor_ms is None:
             continue
-        bound_rps = cores * 1e3 / (model_ms + floor_ms)
+        paced = paced_floor_row(results, tokens)
+        paced_ms = cpu_ms_per_request(paced) if paced else None
+        below_ms = model_ms + (paced_ms if paced_ms is not None else floor_ms)
         ours = cell_row(results, "infergate", 32, 1, tokens)
+        ours_ms = cpu_ms_per_request(ours) if ours else None
+        target_rps = SINGLE_TEXT_SHARE * ceiling["sequences_per_s"]
         rows.append(
             {
                 "tokens": tokens,
                 "model_cpu_ms_per_sequence": model_ms,
                 "floor_cpu_ms_per_request": floor_ms,
-                "infergate_cpu_ms_per_request": cpu_ms_per_request(ours) if ours else None,
-                "bound_share": bound_rps / ceiling["sequences_per_s"],
+                "paced_floor_requests_per_s": paced["requests_per_s"] if paced else None,
+                "paced_floor_cpu_ms_per_request": paced_ms,
+                "infergate_cpu_ms_per_request": ours_ms,
+                "room_ms": (
+                    cores * 1e3 / target_rps - model_ms - paced_ms if paced_ms is not None else None
+                ),
+                "own_work_ms": (
+                    ours_ms - model_ms - paced_ms
+                    if ours_ms is not None and paced_ms is not None
+                    else None
+                ),
+                "bound_share": cores * 1e3 / below_ms / ceiling["sequences_per_s"],
                 "infergate_share": (
                     ours["sequences_per_s"] / ceiling["sequences_per_s"] if ours else None
                 ),
@@ -492,14 +546,25 @@ def markdown(results: dict[str, Any]) -> str:
         cpu_budget(results),
         {
             "model CPU ms/seq (ceiling)": "model_cpu_ms_per_sequence",
-            "floor CPU ms/req": "floor_cpu_ms_per_request",
+            "floor CPU ms/req flat out": "floor_cpu_ms_per_request",
+            "paced floor req/s": "paced_floor_requests_per_s",
+            "paced floor CPU ms/req": "paced_floor_cpu_ms_per_request",
             "infergate CPU ms/req": "infergate_cpu_ms_per_request",
+            "room at the target ms/req": "room_ms",
+            "infergate own work ms/req": "own_work_ms",
             "best share possible": "bound_share",
             "infergate share": "infergate_share",
         },
-        "Best share possible: the machine's CPU over (the model's CPU per sequence + the "
-        "floor's per request), as a share of the ceiling: a Ray Serve front-end whose "
-        "tokenizing, handler and backend call cost nothing.",
+        "Flat out: the floor's c=32 cell as fast as it goes. Paced: the same cell with every "
+        "answer held back so that it runs at the rate the single-text target asks of "
+        f"infergate ({SINGLE_TEXT_SHARE} of the ceiling); there its replica handles fewer "
+        "requests per turn of its event loop, and each costs more. Room at the target: the "
+        "machine's CPU per request at that rate minus the model's CPU per sequence and the "
+        "paced floor's per request, what tokenizing, the handler and the Triton hop may "
+        "cost together for the target to be met with both cores busy; infergate own work: "
+        "what they cost in this run (its CPU per request minus the same two). Best share "
+        "possible: the machine's CPU over (the model's + the floor's, paced where "
+        "measured), as a share of the ceiling: a front-end whose own work costs nothing.",
     )
     out += _per_length_section(
         "Latency budget of a single-text request (c=1)",

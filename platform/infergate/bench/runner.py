@@ -24,7 +24,7 @@ from typing import Any
 from infergate.bench import procfs
 from infergate.bench.loadgen import HttpTarget, run_load, run_sync, send_once
 from infergate.bench.prepare import PreparedModel, prepare_model
-from infergate.bench.report import WITHOUT_MODEL
+from infergate.bench.report import WITHOUT_MODEL, single_text_target_rps
 from infergate.bench.scenarios import SCENARIOS, InfergateStack, Scenario
 from infergate.bench.workload import PROBE_TEXTS, Cell, Profile, TextSets, build_text_sets
 from infergate.config import PROJECT_ROOT, load_config
@@ -43,6 +43,8 @@ CEILING_NOISY_CPU_PERCENT = 10.0
 # session with ONNX Runtime's default of a thread per core (its largest batch also tries a
 # session per core, see infergate.bench.ceiling).
 CEILING_THREADS = 0
+# The paced floor runs at the concurrency of the single-text throughput target.
+PACED_CONCURRENCY = 32
 Say = Callable[[str], None]
 
 
@@ -121,15 +123,16 @@ def _bodies(scenario: Scenario, texts: TextSets, cell: Cell) -> list[bytes]:
 
 def measure_cell(
     scenario: Scenario, texts: TextSets, cell: Cell, profile: Profile, options: BenchOptions,
-    say: Say,
+    say: Say, target: HttpTarget | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Drive one cell and return its row: load figures, CPU by component, memory.
 
     A measurement during which other work on the box used more than ``NOISY_CPU_PERCENT``
     of a core is repeated (``options.noisy_retries`` times at most) and the quietest
     attempt is kept; the row says how many attempts it took and whether it stayed noisy.
+    ``target`` replaces the scenario's own (a paced one, see :func:`measure_paced`).
     """
-    target = scenario.target(_bodies(scenario, texts, cell))
+    target = target or scenario.target(_bodies(scenario, texts, cell))
     roots = scenario.roots()
 
     def settle() -> None:
@@ -267,6 +270,35 @@ def faster_rows(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> li
     return merged
 
 
+def measure_paced(
+    scenario: Scenario,
+    texts: TextSets,
+    profile: Profile,
+    paces: dict[int, float],
+    options: BenchOptions,
+    say: Say,
+) -> list[dict[str, Any]]:
+    """The single-text c=32 cell per token length once more, every answer held back so
+    that the closed loop runs at about ``paces[tokens]`` requests a second; [] for a
+    scenario that cannot hold answers back (only the floor can).
+
+    At full speed the floor's replica handles many requests per turn of its event loop,
+    which makes each one cheap; at the rate the single-text target asks of infergate it
+    handles few, and that is the cost a front-end there pays on top of its own work.
+    """
+    rows = []
+    for tokens, rps in sorted(paces.items()):
+        cell = Cell(PACED_CONCURRENCY, 1, tokens)
+        delay_ms = 1e3 * cell.concurrency / rps
+        target = scenario.paced_target(_bodies(scenario, texts, cell), delay_ms)
+        if target is None:
+            return []
+        row = measure_cell(scenario, texts, cell, profile, options, say, target)
+        rows.append({**row, "paced_for_requests_per_s": rps, "delay_ms": delay_ms})
+        say(progress_line(scenario.name, row) + f"  (paced for {rps:.0f} req/s)")
+    return rows
+
+
 def run_scenario(
     scenario: Scenario,
     texts: TextSets,
@@ -274,8 +306,10 @@ def run_scenario(
     reference_labels: list[str] | None,
     options: BenchOptions,
     say: Say,
+    paces: dict[int, float] | None = None,
 ) -> dict[str, Any]:
-    """Start, probe, measure every cell, stop; errors are recorded, not raised."""
+    """Start, probe, measure every cell (and the paced ones, see :func:`measure_paced`),
+    stop; errors are recorded, not raised."""
     record: dict[str, Any] = {"description": scenario.description, "cells": []}
     started = time.monotonic()
     try:
@@ -298,6 +332,8 @@ def run_scenario(
             row = measure_cell(scenario, texts, cell, profile, options, say)
             record["cells"].append(row)
             say(progress_line(scenario.name, row))
+        if paced := measure_paced(scenario, texts, profile, paces or {}, options, say):
+            record["paced_cells"] = paced
         record["memory"] = _peak_memory(record["cells"])
         alone_after = _triton_alone(scenario, texts, profile, record, say, "after")
         if alone := faster_rows(alone_before, alone_after):
@@ -379,6 +415,12 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
         except Exception as exc:
             results["ceiling"] = {"error": f"{type(exc).__name__}: {exc}"}
             say(f"[ceiling] FAILED: {exc}")
+    # The rates the single-text target asks of infergate, for the paced floor.
+    paces = {
+        tokens: rps
+        for tokens in profile.token_lengths
+        if (rps := single_text_target_rps(results, tokens)) is not None
+    }
     with tempfile.TemporaryDirectory(prefix="infergate-bench-") as tmp:
         for name in options.scenarios:
             if name == "ceiling":
@@ -387,7 +429,7 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
             workdir.mkdir()
             scenario = SCENARIOS[name](prepared, workdir)
             results["scenarios"][name] = run_scenario(
-                scenario, texts, profile, reference_labels, options, say
+                scenario, texts, profile, reference_labels, options, say, paces
             )
         for variant in options.variants:
             workdir = Path(tmp) / f"variant-{len(results['scenarios'])}"

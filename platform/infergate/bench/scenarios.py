@@ -107,6 +107,10 @@ class Scenario(ABC):
         """Its Triton called straight, per token length (scenarios that run one)."""
         return []
 
+    def paced_target(self, bodies: Sequence[bytes], delay_ms: float) -> HttpTarget | None:
+        """A target whose every answer waits ``delay_ms`` first (scenarios that can)."""
+        return None
+
 
 class _ChildScenario(Scenario):
     """A scenario that is one child process (and its descendants)."""
@@ -313,6 +317,10 @@ class FloorServe(InprocessServe):
     description = "floor: HAProxy -> Ray Serve replica answering without tokenizing or inferring"
     extra_args = ("--floor",)
     ready_path = "/-/healthz"  # Ray Serve: 200 once a replica of the app is up
+
+    def paced_target(self, bodies: Sequence[bytes], delay_ms: float) -> HttpTarget:
+        path = f"{self.path}?delay_ms={delay_ms:.3f}"
+        return HttpTarget(HOST, self.port, path, tuple(bodies))
 
 
 class NaiveServer(_ChildScenario):
