@@ -100,22 +100,26 @@ def test_the_floor_bounds_a_ray_serve_front_end(results):
 
 
 def test_the_floor_is_paced_to_the_rate_the_single_text_target_asks(results):
+    # infergate did not run here, so there is no pace of its own to hold the floor to.
     [paced] = results["scenarios"]["floor"]["paced_cells"]
+    assert paced["paced_for"] == "target"
     ceiling = {(r["tokens"], r["batch"]): r for r in results["ceiling"]["rows"]}[(16, 32)]
     pace = paced["paced_for_requests_per_s"]
     # Paced from the ceiling's first run; the row keeps the faster of its two runs.
     runs = (ceiling["sequences_per_s"], ceiling.get("slower_run_sequences_per_s"))
     assert any(pace == pytest.approx(0.55 * run) for run in runs if run)
     assert (paced["concurrency"], paced["texts"], paced["tokens"]) == (32, 1, 16)
-    assert paced["delay_ms"] == pytest.approx(32e3 / pace) and paced["errors"] == 0
-    # Every answer waits out the delay, so the closed loop runs at about the pace, not faster.
+    assert paced["errors"] == 0
+    # Every answer waits out the delay (shortened by the wait for the answer itself when
+    # the first measurement fell short), so the loop runs at about the pace.
+    assert 0 <= paced["delay_ms"] <= 32e3 / pace
     assert paced["p50_ms"] >= paced["delay_ms"]
-    assert 0.5 * pace <= paced["requests_per_s"] <= 1.1 * pace
-    # The budget reads it: with no infergate run, the room is there and the own work is not.
+    assert 0.75 * pace <= paced["requests_per_s"] <= 1.1 * pace
+    # The budget reads it when it ran within 10 % of the report's target rate.
     [budget] = results["cpu_budget"]
-    assert budget["paced_floor_requests_per_s"] == paced["requests_per_s"]
-    assert budget["paced_floor_cpu_ms_per_request"] > 0 and budget["room_ms"] is not None
-    assert budget["own_work_ms"] is None
+    near = abs(paced["requests_per_s"] / budget["target_requests_per_s"] - 1) <= 0.1
+    assert (budget["room_ms"] is not None) == near
+    assert budget["own_work_ms"] is None  # no infergate run
 
 
 def test_results_folder_has_a_readable_report(results, tmp_path: Path):

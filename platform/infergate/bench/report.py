@@ -43,6 +43,8 @@ P99_OVER_P50 = 2.0
 # medians below which no front-end can answer (see latency_budget) exceeds the requirement
 # by more than this much of it: one run's medians are estimates, not strict bounds.
 BOUND_MARGIN = 1.1
+# A paced floor cell is read at a rate only when it ran this close to it.
+PACE_MATCH = 0.1
 
 
 # -- lookups ---------------------------------------------------------------------------------
@@ -148,7 +150,7 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             )
             budget = budgets.get(tokens)
             if texts == 1 and row["passed"] is False and not _errors(cell) and budget:
-                row["note"] = _room_note(budget)
+                row["note"] = _room_note(budget, results.get("meta", {}).get("cpus") or 1)
             rows.append(row)
         for texts in (1, 16):
             ours = cell_row(results, "infergate", 32, texts, tokens)
@@ -211,17 +213,30 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _room_note(budget: dict[str, Any]) -> str:
+def _room_note(budget: dict[str, Any], cores: int) -> str:
     """What a missed single-text share leaves to the front-end (see :func:`cpu_budget`)."""
     room, own = budget["room_ms"], budget["own_work_ms"]
-    if room is None or own is None:
+    if room is None:
         return ""
+    needed = budget["model_cpu_ms_per_sequence"] + budget["floor_at_target_cpu_ms_per_request"]
+    available = needed + room
+    if needed > BOUND_MARGIN * available:
+        return (
+            f"out of reach of this layout: the model, the floor and the load generator take "
+            f"{needed:.2f} ms/req of the {available:.2f} the cores have at the target's rate"
+        )
     if room <= 0:
         return (
-            f"out of reach of this layout: the model and the paced floor alone take "
-            f"{-room:.2f} ms/req more CPU than the machine has at the target's rate"
+            f"no CPU left at the target's rate for the front-end's own work: the model, the "
+            f"floor and the load generator take {needed:.2f} ms/req of {available:.2f}"
         )
-    return f"own work {own:.2f} ms/req, {room:.2f} left for it at the target's rate"
+    if own is None:
+        return f"{room:.2f} ms/req left at the target's rate for the front-end's own work"
+    note = f"own work {own:.2f} ms/req, {room:.2f} left for it at the target's rate"
+    busy = budget["infergate_server_cpu_percent"]
+    if own <= room and busy is not None:
+        note += f"; the cores were not saturated ({busy:.0f} % of {100 * cores})"
+    return note
 
 
 def ceiling_shares(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -262,13 +277,23 @@ def single_text_target_rps(results: dict[str, Any], tokens: int) -> float | None
     return SINGLE_TEXT_SHARE * ceiling["sequences_per_s"] if ceiling else None
 
 
-def paced_floor_row(results: dict[str, Any], tokens: int) -> dict[str, Any] | None:
-    """The floor's single-text cell paced to the target's rate (``runner.measure_paced``)."""
+def paced_floor_row(
+    results: dict[str, Any], tokens: int, purpose: str, rps: float | None
+) -> dict[str, Any] | None:
+    """The floor's single-text cell paced for ``purpose`` (``runner.measure_paced``), if it
+    ran within ``PACE_MATCH`` of ``rps``: a figure at another rate would not compare."""
     record = results.get("scenarios", {}).get("floor") or {}
     for row in record.get("paced_cells", []):
-        if row["tokens"] == tokens:
+        if (row["tokens"], row.get("paced_for")) != (tokens, purpose) or not rps:
+            continue
+        if abs(row["requests_per_s"] / rps - 1) <= PACE_MATCH:
             return row
     return None
+
+
+def client_ms_per_request(row: dict[str, Any]) -> float:
+    """CPU milliseconds the load generator spent per request of a cell."""
+    return float(row.get("client_cpu_percent", 0.0)) * 10.0 / row["requests_per_s"]
 
 
 def cpu_ms_per_request(row: dict[str, Any], component: str = "total") -> float | None:
@@ -280,20 +305,24 @@ def cpu_ms_per_request(row: dict[str, Any], component: str = "total") -> float |
 
 
 def cpu_budget(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Informational: what single-text throughput a Ray Serve front-end could reach here.
+    """Informational: how much CPU the single-text target leaves a Ray Serve front-end.
 
     Both cores are busy at c=32, so requests/s is the machine's CPU over the CPU one
     request costs. A request costs at least the model's own CPU per sequence (the
     ceiling's) plus what the floor spends per request on Ray Serve's ingress and replica
-    with no work at all. Flat out, the floor's replica handles many requests per turn of
-    its event loop, which makes each cheap; paced to the rate the target asks of infergate
-    (:func:`paced_floor_row`) each costs what it costs a front-end there.
+    with no work at all, and the load generator shares the cores. Flat out, the floor's
+    replica handles many requests per turn of its event loop, and Ray's background CPU
+    is spread over many requests; at a given rate (:func:`paced_floor_row`) each request
+    costs what it costs a front-end running at that rate.
 
-    ``bound_share``: that best case (with the paced floor where measured) as a share of the
-    ceiling. ``room_ms``: the CPU per request the machine has at the target's rate, minus
-    the model's and the paced floor's: what tokenizing, the handler and the Triton hop may
-    cost together if the target is to be met with both cores busy. ``own_work_ms``: what
-    infergate spends on them in the run (its CPU per request minus the same two).
+    - ``room_ms``: the machine's CPU per request at the target's rate, minus the model's,
+      the floor's and the load generator's there (floor paced to that rate): what
+      tokenizing, the handler, the Triton hop and any model CPU beyond the ceiling's may
+      cost together if the target is to be met with both cores busy;
+    - ``own_work_ms``: what infergate spends on them (its CPU per request minus the
+      model's and the floor's, the floor paced to infergate's own rate);
+    - ``bound_share``: the share of the ceiling a front-end whose own work cost nothing
+      would reach (the floor paced to the target's rate where measured, else flat out).
     """
     cores = results.get("meta", {}).get("cpus") or 1
     rows = []
@@ -305,31 +334,46 @@ def cpu_budget(results: dict[str, Any]) -> list[dict[str, Any]]:
         model_ms, floor_ms = ceiling["cpu_ms_per_sequence"], cpu_ms_per_request(floor)
         if floor_ms is None:
             continue
-        paced = paced_floor_row(results, tokens)
-        paced_ms = cpu_ms_per_request(paced) if paced else None
-        below_ms = model_ms + (paced_ms if paced_ms is not None else floor_ms)
+        target_rps = single_text_target_rps(results, tokens)
         ours = cell_row(results, "infergate", 32, 1, tokens)
         ours_ms = cpu_ms_per_request(ours) if ours else None
-        target_rps = SINGLE_TEXT_SHARE * ceiling["sequences_per_s"]
+        at_target = paced_floor_row(results, tokens, "target", target_rps)
+        at_ours = paced_floor_row(
+            results, tokens, "infergate", ours["requests_per_s"] if ours else None
+        )
+        # At the target's rate: the floor's server CPU and the load generator's, per request.
+        below_ms = (
+            cpu_ms_per_request(at_target) + client_ms_per_request(at_target) if at_target else None
+        )
+        floor_at_ours_ms = cpu_ms_per_request(at_ours) if at_ours else None
         rows.append(
             {
                 "tokens": tokens,
                 "model_cpu_ms_per_sequence": model_ms,
                 "floor_cpu_ms_per_request": floor_ms,
-                "paced_floor_requests_per_s": paced["requests_per_s"] if paced else None,
-                "paced_floor_cpu_ms_per_request": paced_ms,
+                "target_requests_per_s": target_rps,
+                "floor_at_target_cpu_ms_per_request": below_ms,
+                "floor_at_infergate_cpu_ms_per_request": floor_at_ours_ms,
                 "infergate_cpu_ms_per_request": ours_ms,
                 "room_ms": (
-                    cores * 1e3 / target_rps - model_ms - paced_ms if paced_ms is not None else None
-                ),
-                "own_work_ms": (
-                    ours_ms - model_ms - paced_ms
-                    if ours_ms is not None and paced_ms is not None
+                    cores * 1e3 / target_rps - model_ms - below_ms
+                    if target_rps and below_ms is not None
                     else None
                 ),
-                "bound_share": cores * 1e3 / below_ms / ceiling["sequences_per_s"],
+                "own_work_ms": (
+                    ours_ms - model_ms - floor_at_ours_ms
+                    if ours_ms is not None and floor_at_ours_ms is not None
+                    else None
+                ),
+                "bound_share": cores
+                * 1e3
+                / (model_ms + (below_ms if below_ms is not None else floor_ms))
+                / ceiling["sequences_per_s"],
                 "infergate_share": (
                     ours["sequences_per_s"] / ceiling["sequences_per_s"] if ours else None
+                ),
+                "infergate_server_cpu_percent": (
+                    ours["server_cpu_percent"].get("total") if ours else None
                 ),
             }
         )
@@ -547,24 +591,27 @@ def markdown(results: dict[str, Any]) -> str:
         {
             "model CPU ms/seq (ceiling)": "model_cpu_ms_per_sequence",
             "floor CPU ms/req flat out": "floor_cpu_ms_per_request",
-            "paced floor req/s": "paced_floor_requests_per_s",
-            "paced floor CPU ms/req": "paced_floor_cpu_ms_per_request",
-            "infergate CPU ms/req": "infergate_cpu_ms_per_request",
+            "target req/s": "target_requests_per_s",
+            "floor + load generator at the target ms/req": "floor_at_target_cpu_ms_per_request",
             "room at the target ms/req": "room_ms",
+            "infergate CPU ms/req": "infergate_cpu_ms_per_request",
+            "floor at infergate's rate ms/req": "floor_at_infergate_cpu_ms_per_request",
             "infergate own work ms/req": "own_work_ms",
             "best share possible": "bound_share",
             "infergate share": "infergate_share",
         },
-        "Flat out: the floor's c=32 cell as fast as it goes. Paced: the same cell with every "
-        "answer held back so that it runs at the rate the single-text target asks of "
-        f"infergate ({SINGLE_TEXT_SHARE} of the ceiling); there its replica handles fewer "
-        "requests per turn of its event loop, and each costs more. Room at the target: the "
-        "machine's CPU per request at that rate minus the model's CPU per sequence and the "
-        "paced floor's per request, what tokenizing, the handler and the Triton hop may "
-        "cost together for the target to be met with both cores busy; infergate own work: "
-        "what they cost in this run (its CPU per request minus the same two). Best share "
-        "possible: the machine's CPU over (the model's + the floor's, paced where "
-        "measured), as a share of the ceiling: a front-end whose own work costs nothing.",
+        "CPU per request, both cores together. Flat out: the floor's c=32 cell as fast as it "
+        "goes. At a rate: the same cell with every answer held back so that it runs at "
+        f"that rate: the target's ({SINGLE_TEXT_SHARE} of the ceiling) or the one "
+        "infergate reached; at a lower rate Ray's background CPU is spread over fewer "
+        "requests, and the replica handles fewer per turn of its event loop. Room at the "
+        "target: the cores' CPU per request at the target's rate minus the model's, the "
+        "floor's and the load generator's there: what tokenizing, the handler, the Triton "
+        "hop and any model CPU beyond the ceiling's may cost together for the target to be "
+        "met. Infergate own work: what they cost in this run (its CPU per request minus "
+        "the model's and the floor's at its rate). Best share possible: a front-end whose "
+        "own work cost nothing. A paced cell more than "
+        f"{PACE_MATCH:.0%} off its rate is not read.",
     )
     out += _per_length_section(
         "Latency budget of a single-text request (c=1)",
