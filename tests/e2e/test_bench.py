@@ -111,10 +111,13 @@ def test_the_floor_is_paced_to_the_rate_the_single_text_target_asks(results):
     assert (paced["concurrency"], paced["texts"], paced["tokens"]) == (32, 1, 16)
     assert paced["errors"] == 0
     # Every answer waits out the delay (shortened by the wait for the answer itself when
-    # the first measurement fell short), so the loop runs at about the pace.
+    # the first measurement fell short), so the loop runs at about the pace; flat out the
+    # floor runs several times faster. A smoke cell lasts 0.6 s: the window is loose.
     assert 0 <= paced["delay_ms"] <= 32e3 / pace
     assert paced["p50_ms"] >= paced["delay_ms"]
-    assert 0.75 * pace <= paced["requests_per_s"] <= 1.1 * pace
+    assert 0.6 * pace <= paced["requests_per_s"] <= 1.2 * pace
+    flat_out = next(c for c in results["scenarios"]["floor"]["cells"] if c["cell"] == "c32-t1-n16")
+    assert flat_out["requests_per_s"] > 2 * paced["requests_per_s"]
     # The budget reads it when it ran within 10 % of the report's target rate.
     [budget] = results["cpu_budget"]
     near = abs(paced["requests_per_s"] / budget["target_requests_per_s"] - 1) <= 0.1
