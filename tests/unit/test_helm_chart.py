@@ -294,6 +294,21 @@ def test_builder_args_are_frontend_settings():
     assert settings.tracking_uri == f"http://{named('mlflow')}:5000"
 
 
+def test_coalescing_settings_reach_the_replicas_capped_at_tritons_batch():
+    args = frontend_app(render("defaults"))["args"]
+    assert (args["batch_max_rows"], args["batch_max_in_flight"]) == (64, 4)
+    values = {
+        "frontend": {"batchMaxRows": 128, "batchMaxInFlight": 2},
+        "triton": {"maxBatchSize": 32},
+    }
+    args = frontend_app(render(values))["args"]
+    settings = FrontendSettings.model_validate(
+        {k: v for k, v in args.items() if k not in PENDING_FRONTEND_ARGS}
+    )
+    # A call of more rows than Triton's max_batch_size would be refused.
+    assert (settings.batch_max_rows, settings.batch_max_in_flight) == (32, 2)
+
+
 def rejected_settings(env: dict[str, Any]) -> set[str]:
     """The INFERGATE_* variables load_config refuses (secret references get a stand-in)."""
     rejected = set()

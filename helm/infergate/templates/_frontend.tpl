@@ -23,6 +23,8 @@ applications:
       max_chars_per_text: {{ $fe.maxCharsPerText }}
       triton_grpc_url: {{ include "infergate.tritonGrpcAddress" . | quote }}
       triton_timeout_s: {{ $fe.tritonTimeoutS }}
+      batch_max_rows: {{ min $fe.batchMaxRows .Values.triton.maxBatchSize }}
+      batch_max_in_flight: {{ $fe.batchMaxInFlight }}
       tracking_uri: {{ include "infergate.mlflowUrl" . | quote }}
       artifact_cache_dir: /tmp/infergate/artifacts
     deployments:
