@@ -291,17 +291,16 @@ def paced_floor_row(
     return None
 
 
-def client_ms_per_request(row: dict[str, Any]) -> float:
-    """CPU milliseconds the load generator spent per request of a cell."""
-    return float(row.get("client_cpu_percent", 0.0)) * 10.0 / row["requests_per_s"]
+def _ms_per_request(percent: float | None, row: dict[str, Any]) -> float | None:
+    """Percent of one core over a cell, as CPU milliseconds per request of it."""
+    if percent is None or not row.get("requests_per_s"):
+        return None
+    return float(percent) * 10.0 / row["requests_per_s"]
 
 
 def cpu_ms_per_request(row: dict[str, Any], component: str = "total") -> float | None:
     """CPU milliseconds one request of a cell cost ``component`` (all cores together)."""
-    percent = row.get("server_cpu_percent", {}).get(component)
-    if percent is None or not row.get("requests_per_s"):
-        return None
-    return float(percent) * 10.0 / row["requests_per_s"]
+    return _ms_per_request(row.get("server_cpu_percent", {}).get(component), row)
 
 
 def cpu_budget(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -343,7 +342,12 @@ def cpu_budget(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
         # At the target's rate: the floor's server CPU and the load generator's, per request.
         below_ms = (
-            cpu_ms_per_request(at_target) + client_ms_per_request(at_target) if at_target else None
+            _ms_per_request(
+                at_target["server_cpu_percent"]["total"] + at_target["client_cpu_percent"],
+                at_target,
+            )
+            if at_target
+            else None
         )
         floor_at_ours_ms = cpu_ms_per_request(at_ours) if at_ours else None
         rows.append(

@@ -17,6 +17,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -319,8 +320,7 @@ class FloorServe(InprocessServe):
     ready_path = "/-/healthz"  # Ray Serve: 200 once a replica of the app is up
 
     def paced_target(self, bodies: Sequence[bytes], delay_ms: float) -> HttpTarget:
-        path = f"{self.path}?delay_ms={delay_ms:.3f}"
-        return HttpTarget(HOST, self.port, path, tuple(bodies))
+        return replace(self.target(bodies), path=f"{self.path}?delay_ms={delay_ms:.3f}")
 
 
 class NaiveServer(_ChildScenario):
