@@ -87,6 +87,7 @@ class Rollouts:
         self._sources: dict[tuple[str, str], str] = {}
         self._baselines: dict[tuple[str, str, float], dict[str, VersionCounters]] = {}
         self._figures: dict[str, dict[str, float]] = {}
+        self._bad_policies: set[tuple[str, str]] = set()
 
     # -- what to serve ------------------------------------------------------------------
 
@@ -122,8 +123,7 @@ class Rollouts:
                 self.registry.delete_model_tags(model.name, STATE_KEYS)
             return None
         if state is None or state.canary_version != canary:
-            policy = RolloutPolicy.from_tags(model.tags)
-            state = start(canary, policy, self.clock())
+            state = start(canary, self._policy(model), self.clock())
             self.registry.set_model_tags(model.name, state.to_tags())
             self._log(model.name, Decision("start", f"canary alias on version {canary}"))
         return state
@@ -141,10 +141,12 @@ class Rollouts:
             )
         if model.aliases.get(CHAMPION) == version:
             raise RolloutConflict(f"version {version} is already the champion of {name!r}")
-        if weight is not None:
-            _check(weight)
-        policy = RolloutPolicy.from_tags(model.tags)
-        state = start(version, policy, self.clock(), mode=mode, weight=weight)
+        try:
+            # A user starting a rollout hears about a policy tag that cannot be read.
+            policy = RolloutPolicy.from_tags(model.tags)
+            state = start(version, policy, self.clock(), mode=mode, weight=weight)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
         self.registry.set_model_tags(name, state.to_tags())
         self.registry.set_alias(name, CANARY, version)
         self._log(name, Decision("start", state.last_reason))
@@ -205,7 +207,7 @@ class Rollouts:
             model.task,
             model.aliases.get(CHAMPION),
             RolloutState.from_tags(model.tags) if CANARY in model.aliases else None,
-            RolloutPolicy.from_tags(model.tags),
+            self._policy(model),
             self._figures.get(name, {}),
             model.tags.get(LAST_ROLLOUT_TAG),
         )
@@ -228,7 +230,7 @@ class Rollouts:
             champion = model.aliases.get(CHAMPION)
             if state is None or CANARY not in model.aliases or champion is None:
                 continue
-            policy = RolloutPolicy.from_tags(model.tags)
+            policy = self._policy(model)
             key = (model.name, state.canary_version, state.step_started_at)
             # Counters are cumulative; the window starts where this step began (or where
             # this process first saw it, after a restart).
@@ -257,9 +259,23 @@ class Rollouts:
         model = self.registry.model(name)
         if model.tags.get(AUTO_CANARY_TAG, "").lower() != "true":
             return
-        if CANARY in model.aliases or CHAMPION not in model.aliases:
+        champion, canary = model.aliases.get(CHAMPION), model.aliases.get(CANARY)
+        # A canary alias left on the champion (promoted by moving the champion alias in
+        # MLflow) is no rollout: it must not block the next one.
+        if champion is None or canary not in (None, champion):
             return
         self.start(name, version, weight=None, mode="auto")
+
+    def _policy(self, model: RegisteredModel) -> RolloutPolicy:
+        """The model's policy; the defaults when a tag cannot be read, so that one model's
+        typo stops neither its own rollout nor anyone else's (``start`` refuses it)."""
+        try:
+            return RolloutPolicy.from_tags(model.tags)
+        except ValueError as exc:
+            if (model.name, str(exc)) not in self._bad_policies:  # said once, not every tick
+                self._bad_policies.add((model.name, str(exc)))
+                log.error("model %s: %s; its rollouts use the default policy", model.name, exc)
+            return RolloutPolicy()
 
     def _log(self, model: str, decision: Decision) -> None:
         figures = " ".join(f"{k}={v:.4g}" for k, v in decision.figures.items())

@@ -45,9 +45,12 @@ def _print_status(status: dict[str, Any]) -> None:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, width, strict=True)))
     if status["canary"]:
         steps = ", ".join(str(s) for s in status["steps"])
-        step = (
-            "manual" if status["step"] == -1 else f"{status['step'] + 1} of {len(status['steps'])}"
-        )
+        if status["mode"] == "manual":
+            step = "manual"
+        elif status["step"] == -1:  # automatic, started at a weight of its own
+            step = f"start weight {status['weight']}%"
+        else:
+            step = f"{status['step'] + 1} of {len(status['steps'])}"
         print(f"  mode {status['mode']}, step {step} (steps {steps})")
         print(f"  last decision: {status['last_decision']} ({status['last_reason']})")
     else:

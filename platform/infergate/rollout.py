@@ -7,6 +7,9 @@ as tags on the registered model: a restart resumes a rollout where it was.
     start --> step 0 (weight steps[0]) --> ... --> last step --> promote
                  |                                    |
                  +----------- rollback <--------------+   (first failed check)
+
+An automatic rollout started at a weight of its own goes on from the first step above
+that weight; a manual one holds wherever it is put.
 """
 
 from __future__ import annotations
@@ -43,10 +46,15 @@ class RolloutPolicy:
             raw = tags.get(prefix + name)
             if raw is None:
                 continue
-            if isinstance(default, tuple):
-                values[name] = tuple(int(x) for x in raw.split(","))
-            else:
-                values[name] = type(default)(raw)
+            try:
+                if isinstance(default, tuple):
+                    values[name] = tuple(int(x) for x in raw.split(","))
+                else:
+                    values[name] = type(default)(raw)
+            except ValueError:
+                kinds = {tuple: "comma-separated integers", int: "an integer"}
+                expected = kinds.get(type(default), "a number")
+                raise ValueError(f"tag {prefix + name}={raw!r} is not {expected}") from None
         policy = cls(**values)  # type: ignore[arg-type]
         policy.validate()
         return policy
@@ -86,7 +94,7 @@ class RolloutState:
     canary_version: str
     mode: Mode
     weight: int
-    step: int  # index into policy.steps; -1 for a manual weight
+    step: int  # index into policy.steps; -1 for a weight set by hand
     step_started_at: float  # wall-clock seconds
     last_decision: str = ""
     last_reason: str = ""
@@ -112,12 +120,19 @@ class RolloutState:
 
 def start(version: str, policy: RolloutPolicy, now: float, *, mode: Mode = "auto",
           weight: int | None = None) -> RolloutState:  # fmt: skip
-    """A new rollout at the first step (auto) or at the given weight (manual)."""
+    """A new rollout at the first step, or at ``weight`` when one is given."""
     if weight is not None:
         check_weight(weight)
+        if mode == "auto" and weight == 0:
+            raise ValueError("an automatic rollout needs a weight above 0 to analyse anything")
         return RolloutState(version, mode, weight, -1, now, "start", f"weight set to {weight}")
     first = policy.steps[0]
     return RolloutState(version, mode, first, 0, now, "start", f"first step, weight {first}")
+
+
+def next_step(policy: RolloutPolicy, state: RolloutState) -> int | None:
+    """Index of the first step above the canary's weight; None once none is left."""
+    return next((i for i, weight in enumerate(policy.steps) if weight > state.weight), None)
 
 
 def check_weight(weight: int) -> None:
@@ -181,9 +196,10 @@ def analyse(
     if now - state.step_started_at < policy.step_interval_s:
         left = policy.step_interval_s - (now - state.step_started_at)
         return Decision("wait", f"checks pass; next step in {left:.0f} s", figures)
-    if state.step + 1 >= len(policy.steps) or policy.steps[state.step] >= 100:
+    step = next_step(policy, state)
+    if step is None:
         return Decision("promote", "every step passed", figures)
-    return Decision("advance", f"step {state.step + 1} passed", figures)
+    return Decision("advance", f"{state.weight}% passed; next {policy.steps[step]}%", figures)
 
 
 def apply(
@@ -191,8 +207,8 @@ def apply(
 ) -> RolloutState:
     """The state after ``decision``; promote and rollback end the rollout (the caller
     moves the aliases and clears the state)."""
-    if decision.action == "advance":
-        step = state.step + 1
+    step = next_step(policy, state)
+    if decision.action == "advance" and step is not None:
         return replace(
             state,
             step=step,

@@ -106,3 +106,34 @@ def test_policy_from_tags():
 def test_weights_outside_0_100_are_refused(weight):
     with pytest.raises(ValueError, match=r"0\.\.100"):
         check_weight(weight)
+
+
+def test_an_automatic_rollout_started_at_a_weight_goes_on_from_the_next_step():
+    clock = FakeClock()
+    state = start("2", POLICY, clock.now, weight=30)
+    assert (state.mode, state.weight, state.step) == ("auto", 30, -1)
+    weights = [state.weight]
+    for _ in range(4):
+        decision = analyse(POLICY, state, HEALTHY, HEALTHY, clock.advance(61))
+        if decision.action == "promote":
+            break
+        assert decision.action == "advance"
+        state = apply(POLICY, state, decision, clock.now)
+        weights.append(state.weight)
+    assert weights == [30, 50, 100] and decision.action == "promote"
+
+
+def test_an_automatic_rollout_cannot_start_at_weight_0():
+    with pytest.raises(ValueError, match="above 0"):
+        start("2", POLICY, 0.0, weight=0)
+    assert start("2", POLICY, 0.0, mode="manual", weight=0).weight == 0
+
+
+@pytest.mark.parametrize(
+    ("tag", "raw", "expected"),
+    [("min_requests", "30.0", "an integer"), ("steps", "10,x", "comma-separated"),
+     ("max_latency_ratio", "fast", "a number")],
+)  # fmt: skip
+def test_a_policy_tag_that_cannot_be_read_is_named(tag, raw, expected):
+    with pytest.raises(ValueError, match=rf"infergate\.rollout\.policy\.{tag}=.*{expected}"):
+        RolloutPolicy.from_tags({f"infergate.rollout.policy.{tag}": raw})

@@ -1,0 +1,86 @@
+"""Rollouts against a registry held in memory: what one model's state does to the others,
+and when a new version becomes the canary by itself.
+
+The same commands against the real MLflow registry and stack: tests/e2e/test_canary.py.
+"""
+
+import pytest
+
+from infergate.canary import AUTO_CANARY_TAG, Rollouts
+from infergate.errors import InvalidInput
+from infergate.registry import CANARY, CHAMPION, RegisteredModel
+
+
+class MemoryRegistry:
+    """The part of ``Registry`` that ``Rollouts`` uses."""
+
+    def __init__(self, *models: RegisteredModel) -> None:
+        self._models = {m.name: m for m in models}
+
+    def models(self) -> list[RegisteredModel]:
+        return list(self._models.values())
+
+    def model(self, name: str) -> RegisteredModel:
+        return self._models[name]
+
+    def version_source(self, name: str, version: str) -> str:
+        return f"models:/{name}/{version}"
+
+    def set_model_tags(self, name: str, tags: dict[str, str]) -> None:
+        self._models[name].tags.update(tags)
+
+    def delete_model_tags(self, name: str, keys: list[str]) -> None:
+        for key in keys:
+            self._models[name].tags.pop(key, None)
+
+    def set_version_tags(self, name: str, version: str, tags: dict[str, str]) -> None:
+        pass
+
+    def set_alias(self, name: str, alias: str, version: str) -> None:
+        self._models[name].aliases[alias] = version
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        self._models[name].aliases.pop(alias, None)
+
+
+def registered(name: str, tags: dict[str, str] | None = None, **aliases: str) -> RegisteredModel:
+    return RegisteredModel(name, "text-classification", dict(aliases), dict(tags or {}))
+
+
+def test_a_policy_tag_that_cannot_be_read_stops_no_rollout():
+    typo = {"infergate.rollout.policy.min_requests": "30.0"}
+    registry = MemoryRegistry(
+        registered("a", typo, champion="1", canary="2"),
+        registered("b", champion="1", canary="2"),
+        registered("c", typo, champion="1"),
+    )
+    rollouts = Rollouts(registry, stats=dict, clock=lambda: 1000.0)
+    served = {(v.name, v.version): v.weight for v in rollouts.desired()}
+    assert served == {("a", "1"): 90, ("a", "2"): 10, ("b", "1"): 90, ("b", "2"): 10,
+                      ("c", "1"): 100}  # fmt: skip
+    assert rollouts.tick() == []  # analysed (waiting for traffic), not stopped
+    assert rollouts.status("a").policy.min_requests == 30
+    with pytest.raises(InvalidInput, match=r"min_requests='30\.0' is not an integer"):
+        rollouts.start("c", "2", weight=None, mode="auto")
+
+
+def test_an_automatic_start_at_weight_0_is_refused():
+    registry = MemoryRegistry(registered("a", champion="1"))
+    rollouts = Rollouts(registry, stats=dict)
+    with pytest.raises(InvalidInput, match="above 0"):
+        rollouts.start("a", "2", weight=0, mode="auto")
+    assert rollouts.start("a", "2", weight=0, mode="manual").state.weight == 0
+
+
+@pytest.mark.parametrize(
+    ("aliases", "becomes_canary"),
+    [({CHAMPION: "1"}, True), ({CHAMPION: "1", CANARY: "1"}, True),
+     ({CHAMPION: "1", CANARY: "2"}, False), ({}, False)],
+)  # fmt: skip
+def test_a_new_version_of_an_auto_canary_model(aliases, becomes_canary):
+    # A canary alias left on the champion (it was promoted by moving the champion alias
+    # in MLflow) is no rollout in progress.
+    model = registered("a", {AUTO_CANARY_TAG: "true"}, **aliases)
+    rollouts = Rollouts(MemoryRegistry(model), stats=dict)
+    rollouts.on_version_created("a", "3")
+    assert (model.aliases.get(CANARY) == "3") is becomes_canary
