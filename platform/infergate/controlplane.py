@@ -3,7 +3,8 @@
 Reads the versions to serve from MLflow, makes sure each is in the Triton model
 repository and loaded (explicit model control: no restarts), hands the front-end its
 new traffic table, then unloads versions nothing references any more. A version that
-Triton cannot load never receives traffic.
+Triton cannot load never receives traffic; a new champion that fails leaves its model on
+the champion it had.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infergate.config import TritonSettings
-from infergate.registry import Registry, ServedVersion
+from infergate.registry import CHAMPION, Registry, ServedVersion
 from infergate.triton.client import TritonControl
 from infergate.triton.repository import remove_model, triton_model_name, write_model
 
@@ -54,7 +55,9 @@ class ControlPlane:
 
     def reconcile(self) -> ReconcileResult:
         result = ReconcileResult()
-        for version in self.desired():
+        desired = self.desired()
+        wanted = {triton_model_name(v.name, v.version) for v in desired}
+        for version in desired:
             model = triton_model_name(version.name, version.version)
             if model not in self.serving:
                 try:
@@ -63,6 +66,9 @@ class ControlPlane:
                     log.error("version %s v%s not served: %s", version.name, version.version, exc)
                     result.failed[model] = str(exc)
                     self.on_load_failure(version, str(exc))
+                    fallback = self._fallback(version, wanted)
+                    if fallback is not None:
+                        result.served.append(fallback)
                     continue
                 result.loaded.append(model)
             result.served.append(version)
@@ -77,6 +83,17 @@ class ControlPlane:
             result.unloaded.append(model)
         self.serving = new_serving
         return result
+
+    def _fallback(self, failed: ServedVersion, wanted: set[str]) -> ServedVersion | None:
+        """What takes the traffic of a new champion Triton could not load: the champion
+        served until now, unless the registry wants that version in another role."""
+        if failed.role != CHAMPION:
+            return None
+        for model, version in self.serving.items():
+            if version.name == failed.name and version.role == CHAMPION and model not in wanted:
+                log.error("%s stays on version %s", failed.name, version.version)
+                return replace(version, weight=failed.weight)
+        return None
 
     def _load(self, version: ServedVersion, model: str) -> None:
         cache = self.cache_dir / model

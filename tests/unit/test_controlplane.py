@@ -1,0 +1,87 @@
+"""The control plane's convergence rules, with Triton and the registry replaced by fakes:
+what gets loaded, what traffic goes where, and what is unloaded when a load fails.
+
+Loading real versions into a real Triton is covered in tests/e2e/test_stack.py.
+"""
+
+from infergate.config import TritonSettings
+from infergate.controlplane import ControlPlane
+from infergate.registry import CANARY, CHAMPION, ServedVersion
+
+
+class FakeTriton:
+    def __init__(self) -> None:
+        self.unloaded: list[str] = []
+
+    def unload(self, model: str) -> None:
+        self.unloaded.append(model)
+
+
+class Plane(ControlPlane):
+    """Loads succeed except for the Triton models listed in ``broken``."""
+
+    def __init__(self, tmp_path, desired: list[ServedVersion]) -> None:
+        self.tables: list[list[ServedVersion]] = []
+        self.failures: list[tuple[str, str]] = []
+        self.broken: set[str] = set()
+        self.wanted = desired
+        super().__init__(
+            registry=None,
+            triton=FakeTriton(),
+            triton_settings=TritonSettings(),
+            repository=tmp_path,
+            cache_dir=tmp_path,
+            deploy=self.tables.append,
+            desired=lambda: self.wanted,
+            on_load_failure=lambda v, reason: self.failures.append((v.version, v.role)),
+        )
+
+    def _load(self, version: ServedVersion, model: str) -> None:
+        if model in self.broken:
+            raise RuntimeError(f"{model} is corrupt")
+
+
+def version(number: str, role: str = CHAMPION, weight: int = 100) -> ServedVersion:
+    return ServedVersion("m", number, "text-classification", f"src/{number}", role, weight)
+
+
+def served(plane: Plane) -> list[tuple[str, str, int]]:
+    return [(v.version, v.role, v.weight) for v in plane.tables[-1]]
+
+
+def test_a_new_champion_triton_cannot_load_leaves_the_old_one_serving(tmp_path):
+    plane = Plane(tmp_path, [version("1")])
+    plane.reconcile()
+    plane.wanted, plane.broken = [version("3")], {"m__v3"}
+    result = plane.reconcile()
+    assert result.failed.keys() == {"m__v3"} and plane.failures == [("3", CHAMPION)]
+    assert served(plane) == [("1", CHAMPION, 100)]
+    assert plane.triton.unloaded == [] and result.unloaded == []
+    # Fixed in the registry (or in Triton): the next reconcile moves on to it.
+    plane.broken = set()
+    plane.reconcile()
+    assert served(plane) == [("3", CHAMPION, 100)] and plane.triton.unloaded == ["m__v1"]
+
+
+def test_the_old_champion_keeps_the_champions_share_beside_a_canary(tmp_path):
+    plane = Plane(tmp_path, [version("1")])
+    plane.reconcile()
+    plane.wanted = [version("3", weight=75), version("4", CANARY, 25)]
+    plane.broken = {"m__v3"}
+    plane.reconcile()
+    assert served(plane) == [("1", CHAMPION, 75), ("4", CANARY, 25)]
+
+
+def test_a_canary_triton_cannot_load_gets_no_traffic(tmp_path):
+    plane = Plane(tmp_path, [version("1", weight=90), version("2", CANARY, 10)])
+    plane.broken = {"m__v2"}
+    plane.reconcile()
+    assert served(plane) == [("1", CHAMPION, 100)]
+    assert plane.failures == [("2", CANARY)]
+
+
+def test_a_first_champion_that_fails_serves_nothing(tmp_path):
+    plane = Plane(tmp_path, [version("1")])
+    plane.broken = {"m__v1"}
+    result = plane.reconcile()
+    assert served(plane) == [] and result.failed.keys() == {"m__v1"}
