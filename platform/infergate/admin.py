@@ -123,10 +123,14 @@ class AdminApi:
             return {"status": "duplicate", "delivery_id": event.delivery_id}
         log.info("webhook %s %s", event.name, event.data)
         if event.name == "model_version.created":
-            with self._lock:
-                self.rollouts.on_version_created(
-                    str(event.data.get("name")), str(event.data.get("version"))
-                )
+            try:
+                with self._lock:
+                    self.rollouts.on_version_created(
+                        str(event.data.get("name")), str(event.data.get("version"))
+                    )
+            except BaseException:
+                self.seen.forget(event.delivery_id)
+                raise
         if event.name in ALIAS_EVENTS or event.name == "model_version.created":
             self.request_reconcile()
         return {"status": "accepted", "event": event.name}

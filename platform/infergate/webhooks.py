@@ -91,3 +91,7 @@ class SeenDeliveries:
         if len(self._ids) > self.size:
             self._ids.popitem(last=False)
         return True
+
+    def forget(self, delivery_id: str) -> None:
+        """A delivery that failed: MLflow's retry of it must be handled, not dropped."""
+        self._ids.pop(delivery_id, None)

@@ -126,7 +126,8 @@ def stack_env(state_dir: Path) -> dict[str, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.update({f"INFERGATE_{name}": str(port) for name, port in zip(names, ports, strict=True)})
     env["INFERGATE_MLFLOW__STORE_DIR"] = str(state_dir / "store")
-    # Long enough that a change seen sooner must have come through the webhook.
+    # Long enough that a reconcile rarely falls inside the webhook test's wait (that test
+    # also finds the delivery in the control plane's log).
     env["INFERGATE_RECONCILE_INTERVAL_S"] = str(RECONCILE_INTERVAL_S)
     return env
 

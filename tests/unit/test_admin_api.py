@@ -72,3 +72,21 @@ def test_webhooks_are_verified_deduplicated_and_reconcile(api):
     again = client.post("/admin/webhooks/mlflow", content=body, headers=delivery(body))
     assert again.json()["status"] == "duplicate"
     assert recorder.calls == [("created", "m", "3")] and reconciles == [1]
+
+
+def test_a_delivery_that_failed_is_handled_when_mlflow_retries_it(api):
+    client, recorder, reconciles = api
+    body = orjson.dumps({"entity": "model_version", "action": "created",
+                         "data": {"name": "m", "version": "4"}})  # fmt: skip
+    handled = recorder.on_version_created
+
+    def registry_down(name, version):
+        raise ConnectionError("MLflow is restarting")
+
+    recorder.on_version_created = registry_down
+    failed = client.post("/admin/webhooks/mlflow", content=body, headers=delivery(body, "d2"))
+    assert failed.status_code == 500 and reconciles == []
+    recorder.on_version_created = handled
+    retried = client.post("/admin/webhooks/mlflow", content=body, headers=delivery(body, "d2"))
+    assert retried.json()["status"] == "accepted"
+    assert recorder.calls == [("created", "m", "4")] and reconciles == [1]
