@@ -50,7 +50,7 @@ class BatchingBackend:
     """A ``Backend`` that sends concurrent requests for the same model as one call.
 
     Meant for one asyncio event loop (a replica's). ``max_rows`` caps the rows of one call
-    (Triton's ``max_batch_size``); a single request larger than that goes out alone.
+    (Triton's ``max_batch_size``); a single request larger than that is sent in slices.
     ``max_in_flight`` calls per model may be out at once, so Triton can run one batch
     while the replica prepares the next.
     """
@@ -67,6 +67,14 @@ class BatchingBackend:
     async def infer(
         self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
     ) -> np.ndarray:
+        rows = input_ids.shape[0]
+        if rows > self.max_rows:  # Triton refuses a call above its max_batch_size
+            parts = [
+                self.infer(model, input_ids[i : i + self.max_rows],
+                           attention_mask[i : i + self.max_rows], output_name)
+                for i in range(0, rows, self.max_rows)
+            ]  # fmt: skip
+            return np.concatenate(await asyncio.gather(*parts))
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         lane = self._lanes.setdefault(model, _Lane())
         lane.waiting.append(_Waiting(input_ids, attention_mask, output_name, future))

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 READINESS_CACHE_S = 1.0
 UNKNOWN_MODEL_LABEL = "_unknown"
+# Status recorded for a request whose client went away before the answer (nginx's 499);
+# no response is sent.
+CLIENT_CLOSED_REQUEST = 499
 
 
 @dataclass(frozen=True)
@@ -116,8 +119,12 @@ class Frontend:
         readiness_probe: Callable[[ModelRuntime], Awaitable[bool]] | None = None,
         telemetry: Telemetry | None = None,
         monitors: Monitors | None = None,
+        has_table: bool = True,
     ) -> None:
+        """``has_table`` False: the control plane's traffic table has not arrived yet, so
+        ``models`` is empty for now rather than for good."""
         self.settings = settings
+        self.has_table = has_table
         self.backend = backend
         self.models = models
         self.limits = Limits(
@@ -170,6 +177,10 @@ class Frontend:
 
     def _model(self, name: str) -> ServedModel:
         model = self.models.get(name)
+        if model is None and not self.has_table:
+            # A replica that has not received its traffic table yet: the model may well
+            # be served a moment later, so this is no 404.
+            raise BackendUnavailable("the front-end is still starting; retry shortly")
         if model is None:
             known = ", ".join(sorted(self.models)) or "none yet"
             raise ModelNotFound(f"model {name!r} is not served; served models: {known}")
@@ -201,10 +212,14 @@ class Frontend:
         except InfergateError as error:
             status = error.status
             raise
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED_REQUEST
+            raise
         finally:
             seconds = time.perf_counter() - start
             self.telemetry.request(label, version, status, prediction, seconds)
-            if runtime is not None:
+            # A client that gave up says nothing of the version: no error, no latency.
+            if runtime is not None and status != CLIENT_CLOSED_REQUEST:
                 self.monitors.record(runtime, status, seconds, prediction)
 
     async def _readyz(self) -> Response:

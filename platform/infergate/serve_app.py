@@ -99,9 +99,18 @@ class FrontendDeployment:
         self._state = control_state()
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._monitors = Monitors(self._telemetry)
+        self._applying = asyncio.Lock()  # one table change at a time
         self._sync_task = asyncio.get_running_loop().create_task(self._sync())
 
-    def reconfigure(self, config: dict[str, Any]) -> None:
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        """New settings; on a replica's first start, also the current traffic table, so
+        that it takes requests (Ray Serve marks it ready after this) knowing its models."""
+        async with self._applying:
+            self._configure(config)
+            if self._table_version == 0:
+                await self._pull_table()
+
+    def _configure(self, config: dict[str, Any]) -> None:
         self._settings = FrontendSettings.model_validate(config["settings"])
         settings = self._settings
         triton = self._backend.backend if self._backend else None
@@ -114,9 +123,9 @@ class FrontendDeployment:
         self._backend = BatchingBackend(
             triton, max_rows=settings.batch_max_rows, max_in_flight=settings.batch_max_in_flight
         )
-        self._apply(self._served)
+        self._apply(self._served, self._table_version)
 
-    def _apply(self, served: list[ServedVersion]) -> None:
+    def _apply(self, served: list[ServedVersion], table_version: int) -> None:
         """Build the front-end for ``served``, reusing versions already loaded."""
         assert self._settings is not None and self._backend is not None
         registry = Registry(self._settings.tracking_uri)
@@ -139,9 +148,9 @@ class FrontendDeployment:
         }
         self._frontend = Frontend(
             self._settings, self._backend, models, telemetry=self._telemetry,
-            monitors=self._monitors,
+            monitors=self._monitors, has_table=table_version > 0,
         )  # fmt: skip
-        self._loaded, self._served = loaded, served
+        self._loaded, self._served, self._table_version = loaded, served, table_version
 
     async def _sync(self) -> None:
         """Pull new traffic tables; report the table in use and the counters."""
@@ -151,15 +160,9 @@ class FrontendDeployment:
                 await asyncio.sleep(0.05)
                 continue
             try:
-                update = await self._state.table.remote(self._table_version)
-                if update is not None:
-                    version, entries = update
-                    served = [ServedVersion(**entry) for entry in entries]
-                    # Downloading a tokenizer blocks: keep the event loop serving.
-                    await asyncio.to_thread(self._apply, served)
-                    self._table_version = version
-                    log.info("table %d: %s", version, [f"{v.name} v{v.version}" for v in served])
-                    reported_at = 0.0
+                async with self._applying:
+                    if await self._pull_table():
+                        reported_at = 0.0
                 if time.monotonic() - reported_at >= REPORT_INTERVAL_S:
                     reported_at = time.monotonic()
                     counters = {k: c.to_dict() for k, c in self._monitors.counters.items()}
@@ -168,6 +171,18 @@ class FrontendDeployment:
             except Exception:  # the actor restarting, a registry hiccup: try again
                 log.exception("syncing the traffic table failed")
             await asyncio.sleep(POLL_INTERVAL_S)
+
+    async def _pull_table(self) -> bool:
+        """Apply the control plane's table if it is newer than ours; whether it was."""
+        update = await self._state.table.remote(self._table_version)
+        if update is None:
+            return False
+        version, entries = update
+        served = [ServedVersion(**entry) for entry in entries]
+        # Downloading a tokenizer blocks: keep the event loop serving.
+        await asyncio.to_thread(self._apply, served, version)
+        log.info("table %d: %s", version, [f"{v.name} v{v.version}" for v in served])
+        return True
 
     def _refresh_gauges(self) -> None:
         """Ray drops a gauge not set again within two export intervals; set ours again

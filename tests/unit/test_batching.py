@@ -119,6 +119,21 @@ def test_batches_stop_at_max_rows_and_calls_at_max_in_flight() -> None:
     asyncio.run(scenario())
 
 
+def test_a_request_above_max_rows_is_sent_in_slices() -> None:
+    async def scenario() -> None:
+        backend = HeldBackend()
+        batching = BatchingBackend(backend, max_rows=3, max_in_flight=4)
+        call = send(batching, *[[n] * (n % 3 + 1) for n in range(1, 8)])
+        await settle()
+        backend.release.set()
+        result = await call
+        assert [c[1].shape[0] for c in backend.calls] == [3, 3, 1]
+        expected = [[n * (n % 3 + 1), n % 3 + 1] for n in range(1, 8)]
+        np.testing.assert_array_equal(result, expected)
+
+    asyncio.run(scenario())
+
+
 def test_models_are_batched_apart() -> None:
     async def scenario() -> None:
         backend, batching = held()

@@ -1,0 +1,86 @@
+"""Front-end rules that the real stack hits only in a race: a replica without its traffic
+table yet, and a client that goes away while its request waits for Triton.
+
+Everything else the handler does is covered over HTTP in tests/e2e/test_stack.py.
+"""
+
+import asyncio
+
+import pytest
+from starlette.requests import Request
+from starlette.testclient import TestClient
+
+from infergate.config import FrontendSettings
+from infergate.frontend import CLIENT_CLOSED_REQUEST, Frontend, ServedModel
+from infergate.registry import ServedVersion
+
+
+class Recorder:
+    """Telemetry and monitors in one: what the handler reported of each request."""
+
+    def __init__(self) -> None:
+        self.requests: list[int] = []
+        self.monitored: list[int] = []
+
+    def request(self, model, version, status, prediction, seconds) -> None:
+        self.requests.append(status)
+
+    def record(self, runtime, status, seconds, prediction) -> None:
+        self.monitored.append(status)
+
+
+class StuckRuntime:
+    """A version whose backend never answers."""
+
+    served = ServedVersion("m", "1", "text-classification", "src", "champion", 100)
+
+    def __init__(self) -> None:
+        self.called = asyncio.Event()
+
+    async def predict(self, texts, parameters, backend):
+        self.called.set()
+        await asyncio.Event().wait()
+
+
+def asgi(frontend: Frontend):
+    async def app(scope, receive, send):
+        response = await frontend.handle(Request(scope, receive))
+        await response(scope, receive, send)
+
+    return app
+
+
+def test_a_replica_without_its_table_answers_503_not_404():
+    starting = Frontend(FrontendSettings(), None, {}, has_table=False)
+    client = TestClient(asgi(starting))
+    answer = client.post("/v1/models/sentiment/predict", json={"inputs": "hi"})
+    assert answer.status_code == 503 and "still starting" in answer.json()["error"]
+    assert client.get("/v1/models/sentiment").status_code == 503
+    assert client.get("/healthz").status_code == 200
+    served = Frontend(FrontendSettings(), None, {})  # a table that serves nothing
+    answer = TestClient(asgi(served)).post("/v1/models/sentiment/predict", json={"inputs": "hi"})
+    assert answer.status_code == 404 and answer.json()["type"] == "model_not_found"
+
+
+def test_a_client_that_goes_away_is_counted_as_499_and_not_against_the_version():
+    asyncio.run(_client_goes_away())
+
+
+async def _client_goes_away() -> None:
+    runtime, recorder = StuckRuntime(), Recorder()
+    model = ServedModel("m", "text-classification", (runtime,))  # type: ignore[arg-type]
+    frontend = Frontend(FrontendSettings(), None, {"m": model}, telemetry=recorder,
+                        monitors=recorder)  # type: ignore[arg-type]  # fmt: skip
+    body = b'{"inputs": "hi"}'
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/models/m/predict", "query_string": b"",
+             "headers": [(b"content-type", b"application/json")]}  # fmt: skip
+    task = asyncio.create_task(frontend.handle(Request(scope, receive)))
+    await asyncio.wait_for(runtime.called.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert recorder.requests == [CLIENT_CLOSED_REQUEST] and recorder.monitored == []
