@@ -108,7 +108,10 @@ class FrontendDeployment:
         async with self._applying:
             self._configure(config)
             if self._table_version == 0:
-                await self._pull_table()
+                try:
+                    await self._pull_table()
+                except Exception:  # the sync loop tries again; until then, 503s
+                    log.exception("pulling the first traffic table failed")
 
     def _configure(self, config: dict[str, Any]) -> None:
         self._settings = FrontendSettings.model_validate(config["settings"])
@@ -153,24 +156,34 @@ class FrontendDeployment:
         self._loaded, self._served, self._table_version = loaded, served, table_version
 
     async def _sync(self) -> None:
-        """Pull new traffic tables; report the table in use and the counters."""
-        reported_at = 0.0
+        """Pull new traffic tables and, apart from that (applying one can take a while:
+        tokenizers download), report the table in use and the counters."""
+        await asyncio.gather(self._pull_tables(), self._report_regularly())
+
+    async def _pull_tables(self) -> None:
         while True:
-            if self._settings is None:  # reconfigure has not run yet
-                await asyncio.sleep(0.05)
-                continue
-            try:
-                async with self._applying:
-                    if await self._pull_table():
-                        reported_at = 0.0
-                if time.monotonic() - reported_at >= REPORT_INTERVAL_S:
-                    reported_at = time.monotonic()
-                    counters = {k: c.to_dict() for k, c in self._monitors.counters.items()}
-                    self._state.report.remote(self._replica, self._table_version, counters)
-                    self._refresh_gauges()
-            except Exception:  # the actor restarting, a registry hiccup: try again
-                log.exception("syncing the traffic table failed")
+            if self._settings is not None:  # else reconfigure has not run yet
+                try:
+                    async with self._applying:
+                        if await self._pull_table():
+                            self._report()  # the control plane waits for this
+                except Exception:  # the actor restarting, a registry hiccup: try again
+                    log.exception("syncing the traffic table failed")
             await asyncio.sleep(POLL_INTERVAL_S)
+
+    async def _report_regularly(self) -> None:
+        while True:
+            if self._settings is not None:
+                try:
+                    self._report()
+                    self._refresh_gauges()
+                except Exception:
+                    log.exception("reporting to the control plane failed")
+            await asyncio.sleep(REPORT_INTERVAL_S)
+
+    def _report(self) -> None:
+        counters = {k: c.to_dict() for k, c in self._monitors.counters.items()}
+        self._state.report.remote(self._replica, self._table_version, counters)
 
     async def _pull_table(self) -> bool:
         """Apply the control plane's table if it is newer than ours; whether it was."""
