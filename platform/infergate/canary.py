@@ -149,6 +149,7 @@ class Rollouts:
             raise InvalidInput(str(exc)) from None
         self.registry.set_model_tags(name, state.to_tags())
         self.registry.set_alias(name, CANARY, version)
+        self._figures.pop(name, None)  # the last rollout's analysis
         self._log(name, Decision("start", state.last_reason))
         return self.status(name)
 

@@ -14,15 +14,18 @@ that weight; a manual one holds wherever it is put.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
+
+import numpy as np
 
 from infergate.drift import psi
 
 Mode = Literal["auto", "manual"]
 Action = Literal["start", "wait", "advance", "promote", "rollback", "hold"]
 TAG_PREFIX = "infergate.rollout."
+SLOWER_Z = 2.33  # one-sided, about 1 % of windows of equally fast versions
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,9 @@ class RolloutPolicy:
     max_error_rate_increase: float = 0.02  # canary minus champion, absolute
     max_latency_ratio: float = 1.5  # canary p95 / champion p95
     max_output_psi: float = 0.25  # predicted classes, or embedding norms
-    latency_floor_ms: float = 5.0  # p95 below this on both sides is never a failure
+    # A canary p95 at most this much above the champion's is never a failure: with a few
+    # dozen requests a side, a p95 of milliseconds swings past any ratio by chance.
+    latency_margin_ms: float = 5.0
 
     @classmethod
     def from_tags(cls, tags: Mapping[str, str]) -> RolloutPolicy:
@@ -74,6 +79,7 @@ class VersionWindow:
     errors: int = 0  # server-side failures (5xx) after the version was chosen
     p95_ms: float = 0.0
     output_shares: tuple[float, ...] = ()  # predicted classes, or binned embedding norms
+    latency_counts: tuple[int, ...] = ()  # requests per latency bucket (metrics' buckets)
 
     @property
     def error_rate(self) -> float:
@@ -173,33 +179,76 @@ def analyse(
             f"(allowed +{policy.max_error_rate_increase:.1%})",
             figures,
         )
-    if champion.requests and max(canary.p95_ms, champion.p95_ms) > policy.latency_floor_ms:
-        ratio = canary.p95_ms / max(champion.p95_ms, 1e-9)
-        figures["p95_ratio"] = ratio
-        if ratio > policy.max_latency_ratio:
-            return Decision(
-                "rollback",
-                f"p95 latency {canary.p95_ms:.1f} ms is {ratio:.2f}x the champion's "
-                f"(allowed {policy.max_latency_ratio:.2f}x)",
-                figures,
-            )
-    if canary.output_shares and len(canary.output_shares) == len(champion.output_shares):
-        divergence = psi(champion.output_shares, canary.output_shares)
-        figures["output_psi"] = divergence
-        if champion.requests >= policy.min_requests and divergence > policy.max_output_psi:
-            return Decision(
-                "rollback",
-                f"output distribution diverges from the champion's: PSI {divergence:.3f} "
-                f"(allowed {policy.max_output_psi})",
-                figures,
-            )
+    # Latency and outputs are statistics of samples: judged at every tick, chance alone
+    # would fail an equal version sooner or later. They are judged once, over the whole
+    # step; the figures show how they stand meanwhile.
+    failure = _latency_failure(policy, canary, champion, figures) or _output_failure(
+        policy, canary, champion, figures
+    )
     if now - state.step_started_at < policy.step_interval_s:
         left = policy.step_interval_s - (now - state.step_started_at)
-        return Decision("wait", f"checks pass; next step in {left:.0f} s", figures)
+        return Decision("wait", f"step judged in {left:.0f} s", figures)
+    if failure is not None:
+        return Decision("rollback", failure, figures)
     step = next_step(policy, state)
     if step is None:
         return Decision("promote", "every step passed", figures)
     return Decision("advance", f"{state.weight}% passed; next {policy.steps[step]}%", figures)
+
+
+def _latency_failure(
+    policy: RolloutPolicy, canary: VersionWindow, champion: VersionWindow, figures: dict
+) -> str | None:
+    """Why the canary is too slow, or None. All three must hold: its p95 above the
+    champion's by more than the margin and the ratio, and its requests slower as a whole
+    (a rank test; a p95 of a few dozen requests moves a lot by chance)."""
+    if champion.requests < policy.min_requests:
+        return None
+    ratio = canary.p95_ms / max(champion.p95_ms, 1e-9)
+    z = slower_z(canary.latency_counts, champion.latency_counts)
+    figures.update(p95_ratio=ratio, slower_z=z)
+    if (
+        canary.p95_ms - champion.p95_ms > policy.latency_margin_ms
+        and ratio > policy.max_latency_ratio
+        and z > SLOWER_Z
+    ):
+        return (
+            f"p95 latency {canary.p95_ms:.1f} ms is {ratio:.2f}x the champion's "
+            f"(allowed {policy.max_latency_ratio:.2f}x), slower overall (z {z:.1f})"
+        )
+    return None
+
+
+def _output_failure(
+    policy: RolloutPolicy, canary: VersionWindow, champion: VersionWindow, figures: dict
+) -> str | None:
+    """Why the canary's outputs differ too much from the champion's, or None."""
+    if not canary.output_shares or len(canary.output_shares) != len(champion.output_shares):
+        return None
+    divergence = psi(champion.output_shares, canary.output_shares)
+    figures["output_psi"] = divergence
+    if champion.requests >= policy.min_requests and divergence > policy.max_output_psi:
+        return (
+            f"output distribution diverges from the champion's: PSI {divergence:.3f} "
+            f"(allowed {policy.max_output_psi})"
+        )
+    return None
+
+
+def slower_z(canary: Sequence[int], champion: Sequence[int]) -> float:
+    """Mann-Whitney z of "canary requests take longer than the champion's", from latency
+    histograms over the same buckets (two requests in one bucket count as a tie). Equally
+    fast versions exceed ``SLOWER_Z`` in about 1 % of windows; 0.0 without data."""
+    a, b = np.asarray(canary, dtype=float), np.asarray(champion, dtype=float)
+    n1, n2 = a.sum(), b.sum()
+    if a.shape != b.shape or not n1 or not n2:
+        return 0.0
+    faster_champion = np.cumsum(b) - b  # champion requests in lower buckets
+    u = float(np.sum(a * (faster_champion + 0.5 * b)))
+    ties = a + b
+    n = n1 + n2
+    variance = n1 * n2 / 12 * ((n + 1) - float(np.sum(ties**3 - ties)) / (n * (n - 1)))
+    return (u - n1 * n2 / 2) / np.sqrt(variance) if variance > 0 else 0.0
 
 
 def apply(

@@ -51,19 +51,26 @@ class VersionCounters:
         )
 
     def p95_ms(self) -> float:
-        """Upper bound of the bucket holding the 95th percentile (Prometheus-style)."""
+        """The 95th percentile, interpolated linearly inside its bucket as Prometheus's
+        ``histogram_quantile`` does. A bucket's upper edge instead would move a p95 by a
+        whole bucket (7.5 -> 10 -> 15 ms) for one request more or less."""
         total = sum(self.latency)
         if not total:
             return 0.0
+        rank = 0.95 * total
         cumulative = np.cumsum(self.latency)
-        index = int(np.searchsorted(cumulative, 0.95 * total))
-        bounds = (*LATENCY_BUCKETS_S, LATENCY_BUCKETS_S[-1] * 2)
-        return bounds[min(index, len(bounds) - 1)] * 1e3
+        index = min(int(np.searchsorted(cumulative, rank)), len(self.latency) - 1)
+        edges = (0.0, *LATENCY_BUCKETS_S, LATENCY_BUCKETS_S[-1] * 2)
+        lower, upper = edges[index], edges[index + 1]
+        below = cumulative[index - 1] if index else 0
+        inside = self.latency[index]
+        share = (rank - below) / inside if inside else 1.0
+        return float(lower + (upper - lower) * share) * 1e3
 
     def window(self) -> VersionWindow:
         total = sum(self.outputs)
         shares = tuple(c / total for c in self.outputs) if total else ()
-        return VersionWindow(self.requests, self.errors, self.p95_ms(), shares)
+        return VersionWindow(self.requests, self.errors, self.p95_ms(), shares, tuple(self.latency))
 
     def to_dict(self) -> dict:
         return {"requests": self.requests, "errors": self.errors,

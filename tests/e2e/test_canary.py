@@ -178,13 +178,12 @@ def test_a_canary_triton_cannot_load_is_rolled_back_while_the_champion_answers(
 
 def test_automatic_rollout_advances_and_promotes(stack, http, registry, tmp_path):
     client = MlflowClient(stack.mlflow)
-    # The canary is a copy of the champion, so every gate should pass. With 30 requests a
-    # side on a shared machine, a p95 ratio can still swing past the default 1.5x (1.88x
-    # was seen once), so the latency gate only counts above 50 ms here; it has its own
-    # unit tests (tests/unit/test_rollout.py).
+    # The canary is a copy of the champion, so every gate should pass. The latency gate
+    # fails an equal version in about 1 % of steps by chance (tests/unit/test_rollout.py
+    # has its own tests); a 50 ms margin keeps this test from being that 1 %.
     policy = {
         "steps": "50,100", "step_interval_s": "2", "min_requests": "30",
-        "latency_floor_ms": "50",
+        "latency_margin_ms": "50",
     }  # fmt: skip
     for key, value in policy.items():
         client.set_registered_model_tag(MODEL, f"infergate.rollout.policy.{key}", value)

@@ -84,3 +84,13 @@ def test_a_new_version_of_an_auto_canary_model(aliases, becomes_canary):
     rollouts = Rollouts(MemoryRegistry(model), stats=dict)
     rollouts.on_version_created("a", "3")
     assert (model.aliases.get(CANARY) == "3") is becomes_canary
+
+
+def test_a_new_rollout_shows_no_figures_of_the_last_one():
+    registry = MemoryRegistry(registered("a", champion="1", canary="2"))
+    rollouts = Rollouts(registry, stats=dict, clock=lambda: 1000.0)
+    rollouts.desired()
+    rollouts.tick()
+    assert rollouts.status("a").last_figures["canary_requests"] == 0
+    rollouts.rollback("a")
+    assert rollouts.start("a", "3", weight=None, mode="auto").last_figures == {}

@@ -1,14 +1,21 @@
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
+from infergate.metrics import LATENCY_BUCKETS_S
 from infergate.rollout import (
+    SLOWER_Z,
     RolloutPolicy,
     RolloutState,
     VersionWindow,
     analyse,
     apply,
     check_weight,
+    slower_z,
     start,
 )
+from infergate.stats import VersionCounters
 
 POLICY = RolloutPolicy(steps=(10, 50, 100), step_interval_s=60, min_requests=20)
 HEALTHY = VersionWindow(requests=100, errors=0, p95_ms=10.0, output_shares=(0.5, 0.5))
@@ -65,17 +72,54 @@ def test_a_broken_canary_rolls_back_before_the_minimum_sample():
     assert decision.action == "rollback"
 
 
-def test_latency_ratio_rolls_back_but_tiny_latencies_do_not():
+def timed(*milliseconds: float) -> VersionWindow:
+    """A window of requests that took these times, counted as the replicas count them."""
+    counters = VersionCounters(requests=len(milliseconds))
+    for ms in milliseconds:
+        counters.latency[int(np.searchsorted(LATENCY_BUCKETS_S, ms / 1e3))] += 1
+    return replace(counters.window(), output_shares=HEALTHY.output_shares)
+
+
+def spread(center_ms: float, n: int = 100) -> tuple[float, ...]:
+    return tuple(center_ms * (0.8 + 0.4 * i / n) for i in range(n))
+
+
+def test_latency_is_judged_at_the_end_of_the_step():
     state = start("2", POLICY, 0.0)
-    assert analyse(POLICY, state, window(p95_ms=20.0), HEALTHY, 1.0).action == "rollback"
-    fast = window(p95_ms=1.0)
-    assert analyse(POLICY, state, window(p95_ms=3.0), fast, 1.0).action == "wait"
+    slow, champion = timed(*spread(20.0)), timed(*spread(10.0, 300))
+    early = analyse(POLICY, state, slow, champion, 1.0)
+    assert early.action == "wait" and early.figures["p95_ratio"] > 1.8
+    late = analyse(POLICY, state, slow, champion, 61.0)
+    assert late.action == "rollback" and "p95 latency" in late.reason
+    assert late.figures["slower_z"] > 10
 
 
-def test_output_divergence_rolls_back():
+def test_latency_within_the_margin_or_slower_only_in_its_tail_passes():
+    state = start("2", POLICY, 0.0)
+    # 3x the champion's p95, but 2 ms apart: within the 5 ms margin.
+    fast = analyse(POLICY, state, timed(*spread(3.0)), timed(*spread(1.0, 300)), 61.0)
+    assert fast.action == "advance"
+    # Eight slow requests of 100 push the p95 to 2x; the requests as a whole are no slower.
+    tail = timed(*spread(10.0, 92), *[30.0] * 8)
+    decision = analyse(POLICY, state, tail, timed(*spread(10.0, 300)), 61.0)
+    assert decision.figures["p95_ratio"] > 1.5 and decision.figures["slower_z"] < SLOWER_Z
+    assert decision.action == "advance"
+
+
+def test_slower_z_compares_whole_histograms():
+    same = [0, 10, 50, 30, 10]
+    assert slower_z(same, same) == pytest.approx(0.0)
+    shifted = [0, 0, 10, 50, 40]
+    assert slower_z(shifted, same) > 5 and slower_z(same, shifted) < -5
+    assert slower_z([], same) == 0.0 and slower_z([0, 0], [0, 0]) == 0.0
+
+
+def test_output_divergence_rolls_back_at_the_end_of_the_step():
     state = start("2", POLICY, 0.0)
     # PSI of (0.5, 0.5) -> (0.9, 0.1): 0.4*ln(1.8) + (-0.4)*ln(0.2) = 0.8789
-    decision = analyse(POLICY, state, window(output_shares=(0.9, 0.1)), HEALTHY, 1.0)
+    skewed = window(output_shares=(0.9, 0.1))
+    assert analyse(POLICY, state, skewed, HEALTHY, 1.0).action == "wait"
+    decision = analyse(POLICY, state, skewed, HEALTHY, 61.0)
     assert decision.action == "rollback"
     assert decision.figures["output_psi"] == pytest.approx(0.4 * 0.587787 + 0.4 * 1.609438, 1e-4)
 
@@ -137,3 +181,24 @@ def test_an_automatic_rollout_cannot_start_at_weight_0():
 def test_a_policy_tag_that_cannot_be_read_is_named(tag, raw, expected):
     with pytest.raises(ValueError, match=rf"infergate\.rollout\.policy\.{tag}=.*{expected}"):
         RolloutPolicy.from_tags({f"infergate.rollout.policy.{tag}": raw})
+
+
+def test_equal_versions_rarely_fail_and_slow_ones_are_caught():
+    # Latencies like this machine's: ~8 ms, 3 % slow outliers (GC, a busy core).
+    rng = np.random.default_rng(7)
+
+    def requests(n: int, slower: float = 1.0) -> VersionWindow:
+        ms = rng.lognormal(np.log(8.0), 0.3, n)
+        outliers = rng.random(n) < 0.03
+        ms[outliers] = rng.uniform(20.0, 40.0, outliers.sum())
+        return timed(*(ms * slower))
+
+    def failures(n: int, slower: float) -> float:
+        state = start("2", POLICY, 0.0)
+        runs = [
+            analyse(POLICY, state, requests(n, slower), requests(9 * n), 61.0) for _ in range(300)
+        ]
+        return sum(d.action == "rollback" for d in runs) / len(runs)
+
+    assert failures(30, 1.0) <= 0.02 and failures(100, 1.0) <= 0.02
+    assert failures(30, 2.0) >= 0.9 and failures(100, 2.0) >= 0.99
