@@ -67,10 +67,17 @@ class MethodNotAllowed(InfergateError):
 
 
 class BackendUnavailable(InfergateError):
-    """Triton is down, not ready, or timed out. The body never carries internals."""
+    """Triton is down or not ready. The body never carries internals."""
 
     status = 503
     kind = "backend_unavailable"
+
+
+class BackendTimeout(BackendUnavailable):
+    """Triton did not answer in time: a retry of the same request will not help."""
+
+    status = 504
+    kind = "backend_timeout"
 
 
 class RegistrationError(InfergateError):

@@ -81,7 +81,8 @@ ERRORS = {
     "413": "Body, text or list too large.",
     "415": "Not JSON.",
     "422": "Valid JSON of the wrong shape.",
-    "503": "Backend unavailable.",
+    "503": "Backend unavailable, or this replica still starting.",
+    "504": "The model did not answer within the front-end's deadline.",
 }
 
 

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from infergate.bench.scenarios import sequential_calls
 from infergate.config import TritonSettings
-from infergate.errors import BackendUnavailable, InfergateError, RegistrationError
+from infergate.errors import BackendTimeout, BackendUnavailable, InfergateError, RegistrationError
 from infergate.triton.client import TritonBackend, TritonControl
 from infergate.triton.repository import WARMUP_COUNT, remove_model, triton_model_name, write_model
 
@@ -253,7 +253,7 @@ def test_unknown_or_unloaded_model_is_unavailable(
     assert model not in control.loaded_models()
 
 
-def test_unreachable_server_and_timeout_are_unavailable(
+def test_an_unreachable_server_is_unavailable_and_a_late_answer_a_timeout(
     triton_server: RunningTriton, control: TritonControl, onnx_files: dict[str, Path]
 ) -> None:
     model = serve(triton_server, control, "deadline", onnx_files["embeddings"], "embeddings")
@@ -268,10 +268,12 @@ def test_unreachable_server_and_timeout_are_unavailable(
         try:
             assert not await nowhere.server_ready()
             assert not await nowhere.is_model_ready(model)
-            with pytest.raises(BackendUnavailable):
+            with pytest.raises(BackendUnavailable) as unreachable:
                 await nowhere.infer(model, ids, mask, "embeddings")
-            with pytest.raises(BackendUnavailable):
+            assert unreachable.value.status == 503 and model not in str(unreachable.value)
+            with pytest.raises(BackendTimeout) as late:
                 await hurried.infer(model, ids, mask, "embeddings")
+            assert late.value.status == 504 and "did not answer within" in str(late.value)
         finally:
             await nowhere.close()
             await hurried.close()

@@ -16,7 +16,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
-from infergate.errors import BackendUnavailable, InfergateError, RegistrationError
+from infergate.errors import (
+    BackendTimeout,
+    BackendUnavailable,
+    InfergateError,
+    RegistrationError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +96,18 @@ class TritonBackend:
                 model, inputs, outputs=outputs, client_timeout=self.timeout_s
             )
         except InferenceServerException as exc:
-            log.debug("Triton inference on %s failed: %s", model, exc)
+            # The answer names no Triton model (an internal name); the log does.
+            log.warning("Triton inference on %s (%d rows) failed: %s", model, len(input_ids), exc)
+            if _status(exc) == "StatusCode.DEADLINE_EXCEEDED":
+                raise BackendTimeout(
+                    f"The model did not answer within {self.timeout_s:g} s; fewer or shorter "
+                    "texts per request answer sooner."
+                ) from exc
             if _status(exc) in _UNAVAILABLE_STATUSES:
                 raise BackendUnavailable(
-                    f"The inference backend cannot serve model {model!r} right now; retry later."
+                    "The inference backend cannot serve this model right now; retry later."
                 ) from exc
-            raise InfergateError(f"The inference backend failed to run model {model!r}.") from exc
+            raise InfergateError("The inference backend failed to run this model.") from exc
         output = result.as_numpy(output_name)
         if output is None:
             raise InfergateError(f"The inference backend returned no {output_name!r}.")
