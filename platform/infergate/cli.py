@@ -46,16 +46,16 @@ def _reachable(uri: str) -> bool:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    config = _config(args)
-    if args.detach:
-        return _up_detached(args, config)
     from infergate.stack import Stack, read_state
 
+    config = _config(args)
     if read_state(config.state_dir):
         raise StackError(
             f"a stack already runs from {config.state_dir} (see stack.json there); "
             "stop it with `infergate down` first"
         )
+    if args.detach:
+        return _up_detached(args, config)
     stack = Stack(config)
     stop_requested: list[bool] = []
 
@@ -101,7 +101,7 @@ def _register_demo(config: StackConfig) -> None:
         raise StackError("registering the demo models failed (see above)")
 
 
-def _print_endpoints(endpoints: dict[str, Any]) -> None:
+def _print_endpoints(endpoints: dict[str, Any], *, detached: bool = False) -> None:
     lines = ["infergate is up:"]
     keys = ("inference", "admin", "mlflow", "triton_grpc", "triton_metrics", "prometheus", "logs")
     for key in keys:
@@ -109,7 +109,9 @@ def _print_endpoints(endpoints: dict[str, Any]) -> None:
             lines.append(f"  {key:<15} {endpoints[key]}")
     models = ", ".join(endpoints["models"]) or "none (register one with `infergate register`)"
     lines.append(f"  {'models':<15} {models}")
-    lines.append("Stop with Ctrl-C or `infergate down`.")
+    lines.append(
+        "Stop with `infergate down`." if detached else "Stop with Ctrl-C or `infergate down`."
+    )
     print("\n".join(lines), flush=True)
 
 
@@ -133,7 +135,7 @@ def _up_detached(args: argparse.Namespace, config: StackConfig) -> int:
     while time.monotonic() < deadline:
         state = read_state(config.state_dir)
         if state and state.get("pid") == child.pid:
-            _print_endpoints(state)
+            _print_endpoints(state, detached=True)
             return 0
         if child.poll() is not None:
             tail = (log_dir / "up.log").read_text(errors="replace").splitlines()[-20:]
@@ -248,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(lambda: args.func(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `infergate canary status m | head -3`: the reader left
+        # Python flushes stdout again at exit; point it at nothing so that says nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -35,13 +35,26 @@ def check_content_type(content_type: str | None) -> None:
     """JSON only; a missing header is taken as JSON (as most HTTP clients send it)."""
     if not content_type:
         return
-    media_type = content_type.split(";", 1)[0].strip().lower()
+    media_type, _, options = content_type.partition(";")
+    media_type = media_type.strip().lower()
     if media_type == "application/json" or media_type.endswith("+json"):
-        return
+        # JSON is UTF-8 (RFC 8259); a body announced in another charset is not read as one.
+        charset = _charset(options)
+        if charset in (None, "utf-8", "utf8"):
+            return
+        raise UnsupportedMediaType(f"charset {charset!r} is not supported; send UTF-8 JSON")
     raise UnsupportedMediaType(
         f"content type {media_type!r} is not supported; send JSON with "
         "'content-type: application/json'"
     )
+
+
+def _charset(options: str) -> str | None:
+    for option in options.split(";"):
+        key, _, value = option.partition("=")
+        if key.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
 
 
 def parse_predict(body: bytes, limits: Limits) -> PredictRequest:

@@ -35,7 +35,8 @@ class Registered:
     version: str
     task: str
     precision: str
-    parity_max_abs_diff: float
+    parity_metric: str  # the gated figure: max_abs_diff, or one fitting the precision
+    parity_measured: float
     parity_tolerance: float
     onnx_bytes: int
 
@@ -175,6 +176,9 @@ def register_model(
             tags={
                 "infergate.precision": built.precision,
                 "infergate.parity_max_abs_diff": f"{parity.max_abs_diff:.6g}",
+                "infergate.parity_check": (
+                    f"{parity.metric} {parity.measured:.6g} <= {parity.tolerance:.6g}"
+                ),
                 "infergate.parity_passed": str(parity.passed).lower(),
             },
             alias=alias,
@@ -184,7 +188,8 @@ def register_model(
             version,
             task,
             built.precision,
-            parity.max_abs_diff,
+            parity.metric,
+            parity.measured,
             parity.tolerance,
             built.onnx_path.stat().st_size,
         )
@@ -194,6 +199,6 @@ def describe(registered: Registered) -> str:
     r = asdict(registered)
     return (
         f"registered {r['name']} version {r['version']} ({r['task']}, {r['precision']}, "
-        f"{r['onnx_bytes'] / 1e6:.1f} MB ONNX, parity max abs diff "
-        f"{r['parity_max_abs_diff']:.2e} <= {r['parity_tolerance']:.0e})"
+        f"{r['onnx_bytes'] / 1e6:.1f} MB ONNX, parity {r['parity_metric']} "
+        f"{r['parity_measured']:.3g} <= {r['parity_tolerance']:.3g})"
     )

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from infergate.errors import InvalidInput
 from infergate.postprocess import classification_outputs, l2_normalize, softmax
 from infergate.registry import REFERENCE_FILE, Registry, ServedVersion
 from infergate.tokenization import Batch, TextTokenizer
@@ -94,6 +95,11 @@ class ModelRuntime:
     async def predict(
         self, texts: list[str], parameters: dict[str, Any], backend: Backend
     ) -> Prediction:
+        if "normalize" in parameters and self.spec.task != "feature-extraction":
+            raise InvalidInput(
+                f"parameter 'normalize' applies to embedding models; {self.served.name!r} "
+                f"is a {self.spec.task} model"
+            )
         start = time.perf_counter()
         batch = self.tokenizer(texts)
         tokenized = time.perf_counter()

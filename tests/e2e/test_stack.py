@@ -97,8 +97,12 @@ BAD_REQUESTS = [
     ("post", "/v1/models/sentiment/predict", b'{"inputs": [1, 2]}', JSON, 422, "invalid_input"),
     ("post", "/v1/models/sentiment/predict", b'{"inputs": [["a"]]}', JSON, 422, "invalid_input"),
     ("post", "/v1/models/sentiment/predict", b'["a"]', JSON, 422, "invalid_input"),
+    ("post", "/v1/models/sentiment/predict", b'{"inputs": "a", "parameters": {"normalize": true}}',
+     JSON, 422, "invalid_input"),
     ("post", "/v1/models/sentiment/predict", b'{"inputs": "a"}', {"content-type": "text/plain"},
      415, "unsupported_media_type"),
+    ("post", "/v1/models/sentiment/predict", '{"inputs": "a"}'.encode("utf-16"),
+     {"content-type": "application/json; charset=utf-16"}, 415, "unsupported_media_type"),
     ("post", "/v1/models/sentiment/predict", b'{"inputs": [' + b'"a",' * 100 + b'"a"]}', JSON,
      413, "payload_too_large"),
     ("post", "/v1/models/sentiment/predict", b'{"inputs": "' + b"a" * 2_000_000 + b'"}', JSON,
@@ -149,13 +153,16 @@ def test_registered_champion_goes_live(stack, http, tmp_path):
         "--precision", "fp32", "--alias", "champion", "--quiet", "--tracking-uri", stack.mlflow,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    assert re.search(r"registered tiny version 1 .*parity max abs diff", result.stdout)
+    # The gated figure against its own tolerance (fp32: the raw difference).
+    parity = r"parity max_abs_diff [\d.e+-]+ <= 0\.001\)"
+    assert re.search(rf"registered tiny version 1 .*{parity}", result.stdout), result.stdout
     assert wait_for_model(http, "tiny")["versions"][0]["version"] == "1"
     outputs = predict(http, "tiny", ["the film was good", "bad"]).json()["outputs"]
     assert {o["label"] for o in outputs} <= {"sad", "happy"}
     version = MlflowClient(stack.mlflow).get_model_version("tiny", "1")
     assert version.tags["infergate.task"] == "text-classification"
     assert float(version.tags["infergate.parity_max_abs_diff"]) < 1e-3
+    assert version.tags["infergate.parity_check"].startswith("max_abs_diff ")
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,8 @@ def test_a_replica_without_its_table_answers_503_not_404():
     assert answer.status_code == 503 and "still starting" in answer.json()["error"]
     assert client.get("/v1/models/sentiment").status_code == 503
     assert client.get("/healthz").status_code == 200
+    assert client.head("/healthz").status_code == 200 and client.head("/healthz").content == b""
+    assert client.delete("/healthz").status_code == 405
     served = Frontend(FrontendSettings(), None, {})  # a table that serves nothing
     answer = TestClient(asgi(served)).post("/v1/models/sentiment/predict", json={"inputs": "hi"})
     assert answer.status_code == 404 and answer.json()["type"] == "model_not_found"

@@ -273,12 +273,15 @@ def test_access_log_follows_the_values_and_the_settings():
     assert options["logging_config"] == {"enable_access_log": True}
 
 
-def test_serve_builder_exists():
-    from infergate import serve_app
+def test_the_import_path_builds_the_front_end_from_the_charts_args():
+    import importlib
 
-    if not hasattr(serve_app, "build_app"):
-        pytest.skip("infergate.serve_app:build_app(args) is not written yet")
-    assert callable(serve_app.build_app)
+    app = frontend_app(render({"frontend": {"batchMaxRows": 16}}))
+    module, _, name = app["import_path"].partition(":")
+    built = getattr(importlib.import_module(module), name)(app["args"])
+    deployment = built._bound_deployment  # what `serve run` would deploy
+    settings = deployment._deployment_config.user_config["settings"]
+    assert deployment.name == "frontend" and settings["batch_max_rows"] == 16
 
 
 def test_builder_args_are_frontend_settings():

@@ -65,10 +65,16 @@ def test_error_statuses():
 
 @pytest.mark.parametrize(
     "value",
-    [None, "application/json", "application/json; charset=utf-8", "application/vnd.api+json"],
-)
+    [None, "application/json", "application/json; charset=utf-8", "application/vnd.api+json",
+     'Application/JSON; Charset="UTF8"'],
+)  # fmt: skip
 def test_json_content_types_pass(value):
     check_content_type(value)
+
+
+def test_json_in_another_charset_is_refused():
+    with pytest.raises(UnsupportedMediaType, match="charset 'utf-16' is not supported"):
+        check_content_type("application/json; charset=utf-16")
 
 
 @pytest.mark.parametrize("value", ["text/plain", "application/x-www-form-urlencoded"])

@@ -142,8 +142,8 @@ def _draw_thresholds(axes: Any, panel: Panel, scale: float) -> None:
         color = _COLORS.get(threshold.color, threshold.color)
         axes.axhspan(low, high, color=color, alpha=0.06, linewidth=0)
         axes.axhline(
-            low, color=color, linestyle="--", linewidth=1, label=f"threshold {threshold.value:g}"
-        )
+            low, color=color, linestyle="--", linewidth=1, label=f"threshold {low:g}"
+        )  # in the axis' unit, like the data
     axes.set_ylim(top=top)
 
 
