@@ -92,15 +92,19 @@ class Rollouts:
     # -- what to serve ------------------------------------------------------------------
 
     def desired(self) -> list[ServedVersion]:
-        """Champion and canary of every model, with weights; starts unseen canaries."""
+        """Champion and canary of every model, with weights; starts unseen canaries.
+
+        Both stay served while a rollout runs, even at weight 0: a champion the canary
+        has all the traffic of is still there to roll back to at once, and either can be
+        asked for by ``x-model-version``."""
         served: list[ServedVersion] = []
         for model in self.registry.models():
             state = self._sync_state(model)
             champion = model.aliases.get(CHAMPION)
             canary_weight = state.weight if state else 0
-            if champion is not None and (state is None or canary_weight < 100):
+            if champion is not None:
                 served.append(self._served(model, champion, CHAMPION, 100 - canary_weight))
-            if state is not None and (canary_weight > 0 or champion is None):
+            if state is not None:
                 served.append(self._served(model, state.canary_version, CANARY, canary_weight))
         return served
 

@@ -80,7 +80,7 @@ class ServedModel:
             point -= runtime.served.weight
             if point < 0:
                 return runtime
-        return self.versions[-1]
+        return max(self.versions, key=lambda v: v.served.weight)  # never one at weight 0
 
     def describe(self) -> dict[str, Any]:
         return {

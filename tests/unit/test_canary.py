@@ -94,3 +94,12 @@ def test_a_new_rollout_shows_no_figures_of_the_last_one():
     assert rollouts.status("a").last_figures["canary_requests"] == 0
     rollouts.rollback("a")
     assert rollouts.start("a", "3", weight=None, mode="auto").last_figures == {}
+
+
+@pytest.mark.parametrize(("weight", "champion_weight"), [(100, 0), (0, 100), (40, 60)])
+def test_both_versions_stay_served_whatever_the_canary_weight(weight, champion_weight):
+    registry = MemoryRegistry(registered("a", champion="1"))
+    rollouts = Rollouts(registry, stats=dict)
+    rollouts.start("a", "2", weight=weight, mode="manual")
+    served = {(v.version, v.role): v.weight for v in rollouts.desired()}
+    assert served == {("1", CHAMPION): champion_weight, ("2", CANARY): weight}

@@ -52,3 +52,12 @@ def test_pinning_and_unknown_versions():
     assert served.pick(pinned="2").served.version == "2"
     with pytest.raises(ModelNotFound, match=r"version '9' .* served: 1, 2"):
         served.pick(pinned="9")
+
+
+@pytest.mark.parametrize(("champion", "canary", "only"), [(100, 0, "1"), (0, 100, "2")])
+def test_a_version_at_weight_0_gets_only_pinned_requests(champion, canary, only):
+    served = model(champion, canary)
+    draws = [0.0, 0.5, 0.999999, 1.0 - 1e-12]
+    assert {served.pick(draw=lambda d=d: d).served.version for d in draws} == {only}
+    assert {served.pick(f"user-{i}").served.version for i in range(500)} == {only}
+    assert {served.pick(pinned=v).served.version for v in "12"} == {"1", "2"}
