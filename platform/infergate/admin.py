@@ -128,8 +128,11 @@ class AdminApi:
                     self.rollouts.on_version_created(
                         str(event.data.get("name")), str(event.data.get("version"))
                     )
-            except BaseException:
+            except BaseException as exc:
+                # MLflow retries a 5xx (so the delivery is not marked as seen), not a 4xx:
+                # the log is the only place that tells of one.
                 self.seen.forget(event.delivery_id)
+                log.warning("webhook %s not acted on: %s", event.name, exc)
                 raise
         if event.name in ALIAS_EVENTS or event.name == "model_version.created":
             self.request_reconcile()

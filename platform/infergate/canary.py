@@ -134,7 +134,11 @@ class Rollouts:
 
     # -- commands -----------------------------------------------------------------------
 
-    def start(self, name: str, version: str, *, weight: int | None, mode: Mode) -> Status:
+    def start(
+        self, name: str, version: str, *, weight: int | None, mode: Mode, strict: bool = True
+    ) -> Status:
+        """Make ``version`` the canary. ``strict``: refuse a policy tag that cannot be
+        read (a user's command) rather than fall back to the defaults (a webhook's)."""
         model = self.registry.model(name)
         self.registry.version_source(name, version)  # raises for an unknown version
         current = RolloutState.from_tags(model.tags)
@@ -146,8 +150,7 @@ class Rollouts:
         if model.aliases.get(CHAMPION) == version:
             raise RolloutConflict(f"version {version} is already the champion of {name!r}")
         try:
-            # A user starting a rollout hears about a policy tag that cannot be read.
-            policy = RolloutPolicy.from_tags(model.tags)
+            policy = RolloutPolicy.from_tags(model.tags) if strict else self._policy(model)
             state = start(version, policy, self.clock(), mode=mode, weight=weight)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
@@ -269,7 +272,7 @@ class Rollouts:
         # MLflow) is no rollout: it must not block the next one.
         if champion is None or canary not in (None, champion):
             return
-        self.start(name, version, weight=None, mode="auto")
+        self.start(name, version, weight=None, mode="auto", strict=False)
 
     def _policy(self, model: RegisteredModel) -> RolloutPolicy:
         """The model's policy; the defaults when a tag cannot be read, so that one model's

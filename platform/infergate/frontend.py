@@ -218,8 +218,9 @@ class Frontend:
         finally:
             seconds = time.perf_counter() - start
             self.telemetry.request(label, version, status, prediction, seconds)
-            # A client that gave up says nothing of the version: no error, no latency.
-            if runtime is not None and status != CLIENT_CLOSED_REQUEST:
+            if runtime is not None:
+                # A 499 is no error of the version's, but its wait is a latency of at least
+                # ``seconds``: a canary that hangs until clients give up still gets judged.
                 self.monitors.record(runtime, status, seconds, prediction)
 
     async def _readyz(self) -> Response:

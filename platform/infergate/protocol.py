@@ -40,7 +40,7 @@ def check_content_type(content_type: str | None) -> None:
     if media_type == "application/json" or media_type.endswith("+json"):
         # JSON is UTF-8 (RFC 8259); a body announced in another charset is not read as one.
         charset = _charset(options)
-        if charset in (None, "utf-8", "utf8"):
+        if charset in (None, "utf-8", "utf8", "us-ascii"):  # ASCII is UTF-8 too
             return
         raise UnsupportedMediaType(f"charset {charset!r} is not supported; send UTF-8 JSON")
     raise UnsupportedMediaType(

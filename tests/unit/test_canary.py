@@ -48,7 +48,7 @@ def registered(name: str, tags: dict[str, str] | None = None, **aliases: str) ->
 
 
 def test_a_policy_tag_that_cannot_be_read_stops_no_rollout():
-    typo = {"infergate.rollout.policy.min_requests": "30.0"}
+    typo = {"infergate.rollout.policy.min_requests": "12.0"}
     registry = MemoryRegistry(
         registered("a", typo, champion="1", canary="2"),
         registered("b", champion="1", canary="2"),
@@ -59,9 +59,12 @@ def test_a_policy_tag_that_cannot_be_read_stops_no_rollout():
     assert served == {("a", "1"): 90, ("a", "2"): 10, ("b", "1"): 90, ("b", "2"): 10,
                       ("c", "1"): 100}  # fmt: skip
     assert rollouts.tick() == []  # analysed (waiting for traffic), not stopped
-    assert rollouts.status("a").policy.min_requests == 30
-    with pytest.raises(InvalidInput, match=r"min_requests='30\.0' is not an integer"):
+    assert rollouts.status("a").policy.min_requests == 30  # the default, not the tag's 12
+    with pytest.raises(InvalidInput, match=r"min_requests='12\.0' is not an integer"):
         rollouts.start("c", "2", weight=None, mode="auto")
+    registry.set_model_tags("c", {AUTO_CANARY_TAG: "true"})
+    rollouts.on_version_created("c", "3")  # a webhook: nobody to tell, so the defaults
+    assert registry.model("c").aliases == {CHAMPION: "1", CANARY: "3"}
 
 
 def test_an_automatic_start_at_weight_0_is_refused():
