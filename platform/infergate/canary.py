@@ -119,9 +119,7 @@ class Rollouts:
     def _sync_state(self, model: RegisteredModel) -> RolloutState | None:
         """Bring the rollout tags in line with the aliases someone may have moved."""
         state = RolloutState.from_tags(model.tags)
-        canary = model.aliases.get(CANARY)
-        if canary is not None and canary == model.aliases.get(CHAMPION):
-            canary = None
+        canary = model.aliases.get(CANARY) if _rolling_out(model) else None
         if canary is None:
             if state is not None:
                 self.registry.delete_model_tags(model.name, STATE_KEYS)
@@ -142,7 +140,7 @@ class Rollouts:
         model = self.registry.model(name)
         self.registry.version_source(name, version)  # raises for an unknown version
         current = RolloutState.from_tags(model.tags)
-        if current is not None and CANARY in model.aliases:
+        if current is not None and _rolling_out(model):
             raise RolloutConflict(
                 f"version {current.canary_version} of {name!r} is already a canary; "
                 "promote it or roll it back first"
@@ -214,7 +212,7 @@ class Rollouts:
             name,
             model.task,
             model.aliases.get(CHAMPION),
-            RolloutState.from_tags(model.tags) if CANARY in model.aliases else None,
+            RolloutState.from_tags(model.tags) if _rolling_out(model) else None,
             self._policy(model),
             self._figures.get(name, {}),
             model.tags.get(LAST_ROLLOUT_TAG),
@@ -223,7 +221,7 @@ class Rollouts:
     def _running(self, name: str) -> tuple[RegisteredModel, RolloutState]:
         model = self.registry.model(name)
         state = RolloutState.from_tags(model.tags)
-        if state is None or CANARY not in model.aliases:
+        if state is None or not _rolling_out(model):
             raise RolloutConflict(f"no canary is rolling out for {name!r}")
         return model, state
 
@@ -236,7 +234,7 @@ class Rollouts:
         for model in self.registry.models():
             state = RolloutState.from_tags(model.tags)
             champion = model.aliases.get(CHAMPION)
-            if state is None or CANARY not in model.aliases or champion is None:
+            if state is None or not _rolling_out(model) or champion is None:
                 continue
             policy = self._policy(model)
             key = (model.name, state.canary_version, state.step_started_at)
@@ -267,10 +265,7 @@ class Rollouts:
         model = self.registry.model(name)
         if model.tags.get(AUTO_CANARY_TAG, "").lower() != "true":
             return
-        champion, canary = model.aliases.get(CHAMPION), model.aliases.get(CANARY)
-        # A canary alias left on the champion (promoted by moving the champion alias in
-        # MLflow) is no rollout: it must not block the next one.
-        if champion is None or canary not in (None, champion):
+        if CHAMPION not in model.aliases or _rolling_out(model):
             return
         self.start(name, version, weight=None, mode="auto", strict=False)
 
@@ -289,6 +284,14 @@ class Rollouts:
         figures = " ".join(f"{k}={v:.4g}" for k, v in decision.figures.items())
         log.info("rollout %s: %s (%s) %s", model, decision.action, decision.reason, figures)
         self.on_decision(model, decision.action)
+
+
+def _rolling_out(model: RegisteredModel) -> bool:
+    """Whether a canary alias names a version other than the champion. One left on the
+    champion (promoted by moving the champion alias in MLflow) is no rollout: it must not
+    block the next one."""
+    canary = model.aliases.get(CANARY)
+    return canary is not None and canary != model.aliases.get(CHAMPION)
 
 
 def _window(

@@ -106,3 +106,15 @@ def test_both_versions_stay_served_whatever_the_canary_weight(weight, champion_w
     rollouts.start("a", "2", weight=weight, mode="manual")
     served = {(v.version, v.role): v.weight for v in rollouts.desired()}
     assert served == {("1", CHAMPION): champion_weight, ("2", CANARY): weight}
+
+
+def test_a_canary_alias_left_on_the_champion_is_no_rollout():
+    # Promoted by moving the champion alias in MLflow; the state tags are still there.
+    model = registered("a", champion="2", canary="2")
+    registry = MemoryRegistry(model)
+    rollouts = Rollouts(registry, stats=dict, clock=lambda: 1000.0)
+    rollouts.start("a", "3", weight=None, mode="auto")  # the state tags of a rollout of 3
+    registry.set_alias("a", CHAMPION, "3")
+    assert rollouts.status("a").state is None and rollouts.tick() == []
+    rollouts.start("a", "4", weight=None, mode="auto")  # no conflict with the stale tags
+    assert model.aliases == {CHAMPION: "3", CANARY: "4"}
