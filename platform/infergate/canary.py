@@ -50,11 +50,17 @@ class Status:
     champion: str | None
     state: RolloutState | None
     policy: RolloutPolicy
-    last_figures: dict[str, float]
+    analysis: Decision | None  # this process's latest: fresher than the state's tags
     last_rollout: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        state = self.state
+        state, analysis = self.state, self.analysis
+        decision: str | None = None
+        reason: str | None = None
+        if analysis is not None:
+            decision, reason = analysis.action, analysis.reason
+        elif state is not None:
+            decision, reason = state.last_decision, state.last_reason
         return {
             "model": self.model,
             "task": self.task,
@@ -64,9 +70,9 @@ class Status:
             "weight": state.weight if state else 0,
             "step": state.step if state else None,
             "steps": list(self.policy.steps),
-            "last_decision": state.last_decision if state else None,
-            "last_reason": state.last_reason if state else None,
-            "figures": self.last_figures,
+            "last_decision": decision,
+            "last_reason": reason,
+            "figures": analysis.figures if analysis else {},
             "last_rollout": self.last_rollout,
         }
 
@@ -86,7 +92,9 @@ class Rollouts:
         self.on_decision = on_decision or (lambda model, action: None)
         self._sources: dict[tuple[str, str], str] = {}
         self._baselines: dict[tuple[str, str, float], dict[str, VersionCounters]] = {}
-        self._figures: dict[str, dict[str, float]] = {}
+        # The latest analysis per model: every tick, while the tags change only with the
+        # action (a write to MLflow every 2 s would be too many).
+        self._analysis: dict[str, Decision] = {}
         self._bad_policies: set[tuple[str, str]] = set()
 
     # -- what to serve ------------------------------------------------------------------
@@ -154,7 +162,7 @@ class Rollouts:
             raise InvalidInput(str(exc)) from None
         self.registry.set_model_tags(name, state.to_tags())
         self.registry.set_alias(name, CANARY, version)
-        self._figures.pop(name, None)  # the last rollout's analysis
+        self._analysis.pop(name, None)  # the last rollout's
         self._log(name, Decision("start", state.last_reason))
         return self.status(name)
 
@@ -208,13 +216,14 @@ class Rollouts:
 
     def status(self, name: str) -> Status:
         model = self.registry.model(name)
+        state = RolloutState.from_tags(model.tags) if _rolling_out(model) else None
         return Status(
             name,
             model.task,
             model.aliases.get(CHAMPION),
-            RolloutState.from_tags(model.tags) if _rolling_out(model) else None,
+            state,
             self._policy(model),
-            self._figures.get(name, {}),
+            self._analysis.get(name) if state else None,
             model.tags.get(LAST_ROLLOUT_TAG),
         )
 
@@ -244,7 +253,7 @@ class Rollouts:
             canary = _window(counters, baseline, f"{model.name}/{state.canary_version}")
             stable = _window(counters, baseline, f"{model.name}/{champion}")
             decision = analyse(policy, state, canary.window(), stable.window(), self.clock())
-            self._figures[model.name] = decision.figures
+            self._analysis[model.name] = decision
             if decision.action == "promote":
                 self.promote(model.name, decision.reason)
             elif decision.action == "rollback":

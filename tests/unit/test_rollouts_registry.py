@@ -9,6 +9,7 @@ import pytest
 from infergate.canary import AUTO_CANARY_TAG, Rollouts
 from infergate.errors import InvalidInput
 from infergate.registry import CANARY, CHAMPION, RegisteredModel
+from infergate.stats import VersionCounters
 
 
 class MemoryRegistry:
@@ -89,14 +90,21 @@ def test_a_new_version_of_an_auto_canary_model(aliases, becomes_canary):
     assert (model.aliases.get(CANARY) == "3") is becomes_canary
 
 
-def test_a_new_rollout_shows_no_figures_of_the_last_one():
+def test_status_shows_the_latest_analysis_and_a_new_rollout_none_of_the_last():
     registry = MemoryRegistry(registered("a", champion="1", canary="2"))
-    rollouts = Rollouts(registry, stats=dict, clock=lambda: 1000.0)
+    counters: dict[str, VersionCounters] = {}
+    rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=lambda: 1000.0)
     rollouts.desired()
     rollouts.tick()
-    assert rollouts.status("a").last_figures["canary_requests"] == 0
+    assert rollouts.status("a").to_dict()["last_reason"].startswith("waiting for traffic")
+    counters.update({"a/2": VersionCounters(requests=40), "a/1": VersionCounters(requests=300)})
+    rollouts.tick()  # still "wait", so the tags keep the first reason
+    shown = rollouts.status("a").to_dict()
+    assert shown["last_reason"] == "step judged in 30 s"
+    assert shown["figures"]["canary_requests"] == 40
+    assert registry.model("a").tags["infergate.rollout.last_reason"].startswith("waiting")
     rollouts.rollback("a")
-    assert rollouts.start("a", "3", weight=None, mode="auto").last_figures == {}
+    assert rollouts.start("a", "3", weight=None, mode="auto").to_dict()["figures"] == {}
 
 
 @pytest.mark.parametrize(("weight", "champion_weight"), [(100, 0), (0, 100), (40, 60)])
