@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ class ModelRuntime:
         self.tokenizer = tokenizer
         self.triton_model = triton_model_name(served.name, served.version)
         self.reference: dict[str, Any] = {}
+        self.in_flight = 0  # requests inside predict: a version leaving waits for them
 
     @classmethod
     def load(cls, served: ServedVersion, registry: Registry, cache_dir: Path) -> ModelRuntime:
@@ -103,9 +105,13 @@ class ModelRuntime:
         start = time.perf_counter()
         batch = self.tokenizer(texts)
         tokenized = time.perf_counter()
-        raw = await backend.infer(
-            self.triton_model, batch.input_ids, batch.attention_mask, self.spec.output_name
-        )
+        self.in_flight += 1
+        try:
+            raw = await backend.infer(
+                self.triton_model, batch.input_ids, batch.attention_mask, self.spec.output_name
+            )
+        finally:
+            self.in_flight -= 1
         inferred = time.perf_counter()
         if self.spec.task == "text-classification":
             raw = softmax(raw)
@@ -119,3 +125,14 @@ class ModelRuntime:
             postprocess=(done - inferred) * 1e3,
         )
         return Prediction(outputs, batch, raw, timings, self.spec.labels)
+
+
+async def drain(runtimes: list[ModelRuntime], timeout_s: float, poll_s: float = 0.01) -> bool:
+    """Wait until no request of ``runtimes`` waits for Triton; False if ``timeout_s`` ran
+    out first."""
+    deadline = time.monotonic() + timeout_s
+    while any(runtime.in_flight for runtime in runtimes):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(poll_s)
+    return True

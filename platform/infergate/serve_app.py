@@ -29,7 +29,7 @@ from infergate.errors import BackendUnavailable
 from infergate.frontend import Frontend, ServedModel, error_response
 from infergate.monitor import Monitors
 from infergate.registry import Registry, ServedVersion
-from infergate.runtime import ModelRuntime
+from infergate.runtime import ModelRuntime, drain
 from infergate.telemetry import RayTelemetry
 from infergate.tokenization import tokenize_serially
 from infergate.triton.client import TritonBackend
@@ -94,7 +94,8 @@ class FrontendDeployment:
         self._backend: BatchingBackend | None = None
         self._loaded: dict[tuple[str, str], ModelRuntime] = {}
         self._served: list[ServedVersion] = []
-        self._table_version = 0
+        self._table_version = 0  # the table this replica routes by
+        self._adopted = 0  # ... and the one it reports: once the versions it left are idle
         self._telemetry = RayTelemetry()
         self._state = control_state()
         self._replica = serve.get_replica_context().replica_id.unique_id
@@ -183,7 +184,7 @@ class FrontendDeployment:
 
     def _report(self) -> None:
         counters = {k: c.to_dict() for k, c in self._monitors.counters.items()}
-        self._state.report.remote(self._replica, self._table_version, counters)
+        self._state.report.remote(self._replica, self._adopted, counters)
 
     async def _pull_table(self) -> bool:
         """Apply the control plane's table if it is newer than ours; whether it was."""
@@ -192,8 +193,17 @@ class FrontendDeployment:
             return False
         version, entries = update
         served = [ServedVersion(**entry) for entry in entries]
+        keep = {(v.name, v.version) for v in served}
+        leaving = [runtime for key, runtime in self._loaded.items() if key not in keep]
         # Downloading a tokenizer blocks: keep the event loop serving.
         await asyncio.to_thread(self._apply, served, version)
+        # Triton unloads a version once every replica reports a table without it; requests
+        # routed to it before the switch may still wait in a batching lane: let them in.
+        assert self._settings is not None
+        if not await drain(leaving, self._settings.triton_timeout_s):
+            names = [runtime.triton_model for runtime in leaving]
+            log.warning("requests to %s were still out after the table switch", names)
+        self._adopted = version
         log.info("table %d: %s", version, [f"{v.name} v{v.version}" for v in served])
         return True
 

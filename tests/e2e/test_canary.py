@@ -201,6 +201,35 @@ def test_automatic_rollout_advances_and_promotes(stack, http, registry, tmp_path
     assert last == f"version {version} promoted: every step passed"
 
 
+def test_a_rollout_under_load_loses_no_request(stack, http, registry, tmp_path):
+    """Start and promote while clients keep sending: every request gets its 200, also
+    those routed to the old champion just before Triton unloads it."""
+    version = new_version(registry, tmp_path)
+    old = aliases(stack)["champion"]
+    stop, statuses = threading.Event(), []
+
+    def client() -> None:
+        seen = []
+        with httpx.Client(base_url=stack.url, timeout=30) as session:
+            while not stop.is_set():
+                body = {"inputs": ["a good film"] * 4}
+                seen.append(session.post(f"/v1/models/{MODEL}/predict", json=body).status_code)
+        statuses.extend(seen)
+
+    clients = [threading.Thread(target=client) for _ in range(8)]
+    for thread in clients:
+        thread.start()
+    try:
+        admin(stack, "start", MODEL, "--version", version, "--weight", "50", "--manual")
+        admin(stack, "promote", MODEL)  # returns once the old champion is unloaded
+        assert old not in served_versions(http)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join()
+    assert len(statuses) > 100 and set(statuses) == {200}
+
+
 def test_a_restart_resumes_the_rollout(stack, http, registry, tmp_path):
     version = new_version(registry, tmp_path)
     admin(stack, "start", MODEL, "--version", version, "--weight", "40", "--manual")

@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 from infergate.config import FrontendSettings
 from infergate.frontend import CLIENT_CLOSED_REQUEST, Frontend, ServedModel
 from infergate.registry import ServedVersion
+from infergate.runtime import drain
 
 
 class Recorder:
@@ -87,3 +88,27 @@ async def _client_goes_away() -> None:
         await task
     assert recorder.requests == [CLIENT_CLOSED_REQUEST]
     assert recorder.monitored == [CLIENT_CLOSED_REQUEST]  # counted, its wait too; no error
+
+
+class Busy:
+    """A runtime with requests in flight until ``done`` runs."""
+
+    def __init__(self, in_flight: int) -> None:
+        self.in_flight = in_flight
+
+    def done(self) -> None:
+        self.in_flight = 0
+
+
+def test_a_version_leaving_the_table_is_drained_before_it_is_reported_gone():
+    async def scenario() -> tuple[bool, bool, float]:
+        finishing, stuck = Busy(2), Busy(1)
+        asyncio.get_running_loop().call_later(0.05, finishing.done)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        drained = await drain([finishing, Busy(0)], timeout_s=5)  # type: ignore[list-item]
+        waited = loop.time() - started
+        return drained, await drain([stuck], timeout_s=0.05), waited  # type: ignore[list-item]
+
+    drained, stuck_drained, waited = asyncio.run(scenario())
+    assert drained and 0.04 <= waited < 1 and not stuck_drained
