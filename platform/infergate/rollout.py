@@ -182,12 +182,12 @@ def analyse(
     # Latency and outputs are statistics of samples: judged at every tick, chance alone
     # would fail an equal version sooner or later. They are judged once, over the whole
     # step; the figures show how they stand meanwhile.
-    failure = _latency_failure(policy, canary, champion, figures) or _output_failure(
-        policy, canary, champion, figures
-    )
+    too_slow = _latency_failure(policy, canary, champion, figures)
+    diverging = _output_failure(policy, canary, champion, figures)
     if now - state.step_started_at < policy.step_interval_s:
         left = policy.step_interval_s - (now - state.step_started_at)
         return Decision("wait", f"step judged in {left:.0f} s", figures)
+    failure = too_slow or diverging
     if failure is not None:
         return Decision("rollback", failure, figures)
     step = next_step(policy, state)

@@ -91,7 +91,7 @@ def test_latency_is_judged_at_the_end_of_the_step():
     assert early.action == "wait" and early.figures["p95_ratio"] > 1.8
     late = analyse(POLICY, state, slow, champion, 61.0)
     assert late.action == "rollback" and "p95 latency" in late.reason
-    assert late.figures["slower_z"] > 10
+    assert late.figures["slower_z"] > 10 and late.figures["output_psi"] == 0.0  # all shown
 
 
 def test_latency_within_the_margin_or_slower_only_in_its_tail_passes():
