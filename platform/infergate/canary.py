@@ -124,12 +124,30 @@ class Rollouts:
             self._sources[key] = self.registry.version_source(model.name, version)
         return ServedVersion(model.name, version, model.task, self._sources[key], role, weight)
 
+    def _ended_in_registry(self, model: RegisteredModel, state: RolloutState) -> None:
+        """Record a rollout someone ended by moving aliases in MLflow, as the commands
+        record theirs: the champion alias moved onto the canary, or the canary alias gone."""
+        version, now = state.canary_version, str(int(self.clock()))
+        if model.aliases.get(CHAMPION) == version:
+            decision = Decision("promote", "the champion alias was moved to it in the registry")
+            tags = {"infergate.promoted_at": now, "infergate.promoted_reason": decision.reason}
+            summary = f"version {version} promoted: {decision.reason}"
+        else:
+            decision = Decision("rollback", "the canary alias was removed in the registry")
+            tags = {"infergate.rolled_back_at": now, "infergate.rollback_reason": decision.reason}
+            summary = f"version {version} rolled back: {decision.reason}"
+        self.registry.set_version_tags(model.name, version, tags)
+        self.registry.set_model_tags(model.name, {LAST_ROLLOUT_TAG: summary})
+        self._analysis.pop(model.name, None)
+        self._log(model.name, decision)
+
     def _sync_state(self, model: RegisteredModel) -> RolloutState | None:
         """Bring the rollout tags in line with the aliases someone may have moved."""
         state = RolloutState.from_tags(model.tags)
         canary = model.aliases.get(CANARY) if _rolling_out(model) else None
         if canary is None:
             if state is not None:
+                self._ended_in_registry(model, state)
                 self.registry.delete_model_tags(model.name, STATE_KEYS)
             return None
         if state is None or state.canary_version != canary:
@@ -173,6 +191,7 @@ class Rollouts:
             state.canary_version, "manual", weight, -1, self.clock(), "set-weight",
             f"weight set to {weight} by hand",
         )  # fmt: skip
+        self._analysis.pop(name, None)  # it speaks of the weight before
         self.registry.set_model_tags(name, state.to_tags())
         self._log(name, Decision("hold", state.last_reason))
         return self.status(name)
@@ -259,6 +278,7 @@ class Rollouts:
             elif decision.action == "rollback":
                 self.rollback(model.name, decision.reason)
             elif decision.action == "advance":
+                self._analysis.pop(model.name)  # its figures are of the step just passed
                 new_state = apply(policy, state, decision, self.clock())
                 self.registry.set_model_tags(model.name, new_state.to_tags())
                 self._log(model.name, decision)
@@ -275,6 +295,8 @@ class Rollouts:
         if model.tags.get(AUTO_CANARY_TAG, "").lower() != "true":
             return
         if CHAMPION not in model.aliases or _rolling_out(model):
+            why = "it has no champion" if CHAMPION not in model.aliases else "a rollout runs"
+            log.info("version %s of %s is not made the canary: %s", version, name, why)
             return
         self.start(name, version, weight=None, mode="auto", strict=False)
 

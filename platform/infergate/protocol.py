@@ -124,7 +124,8 @@ def _parameters(parameters: Any) -> dict[str, Any]:
         expected = PARAMETERS.get(key)
         if expected is None:
             raise InvalidInput(
-                f"unknown parameter {key!r}; known parameters are {sorted(PARAMETERS)}"
+                f"unknown parameter {key!r}; known parameters are {sorted(PARAMETERS)}, all "
+                "for embedding models"
             )
         if not isinstance(value, expected):
             raise InvalidInput(

@@ -16,7 +16,10 @@ class VersionCounters:
     requests: int = 0
     errors: int = 0  # 5xx after the version was chosen
     latency: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
-    outputs: list[int] = field(default_factory=list)  # class counts, or embedding-norm bins
+    # Class shares, or embedding-norm bin shares, summed over requests: each request adds
+    # 1 in all, however many texts it holds, so that one client's batch of 64 weighs as
+    # one request in the canary comparison, not as 64.
+    outputs: list[float] = field(default_factory=list)
 
     def add(self, status: int, seconds: float, raw: np.ndarray | None, labels: list[str]) -> None:
         self.requests += 1
@@ -30,9 +33,10 @@ class VersionCounters:
         else:
             bins = np.searchsorted(NORM_BUCKETS, np.linalg.norm(raw, axis=-1))
             counts = np.bincount(bins, minlength=len(NORM_BUCKETS) + 1)
+        shares = counts / len(raw) if len(raw) else counts
         if not self.outputs:
-            self.outputs = [0] * len(counts)
-        self.outputs = [a + int(b) for a, b in zip(self.outputs, counts, strict=True)]
+            self.outputs = [0.0] * len(counts)
+        self.outputs = [a + float(b) for a, b in zip(self.outputs, shares, strict=True)]
 
     def merged(self, other: VersionCounters) -> VersionCounters:
         return self._combine(other, 1)

@@ -4,6 +4,7 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from infergate.monitor import Monitors
 from infergate.refstats import reference_stats
@@ -51,8 +52,17 @@ def test_counts_errors_latency_and_classes_per_version():
     monitors.record(rt, 503, 0.5, None)
     counters = monitors.counters["m/1"]
     assert (counters.requests, counters.errors) == (2, 1)
-    assert counters.outputs == [0, 3]
+    assert counters.outputs == [0.0, 1.0]  # one request's classes, however many texts
     assert counters.window().error_rate == 0.5
+
+
+def test_one_request_of_many_texts_weighs_as_one_in_the_output_shares():
+    monitors = Monitors(Recorder(), clock=Clock())
+    rt = runtime({})
+    for _ in range(99):
+        monitors.record(rt, 200, 0.004, prediction(1, 0.9))  # positive
+    monitors.record(rt, 200, 0.004, prediction(64, 0.1))  # one batch, all negative
+    assert monitors.counters["m/1"].window().output_shares == pytest.approx((0.01, 0.99))
 
 
 def test_drift_is_published_then_marked_stale_when_the_window_drains():

@@ -126,3 +126,47 @@ def test_a_canary_alias_left_on_the_champion_is_no_rollout():
     assert rollouts.status("a").state is None and rollouts.tick() == []
     rollouts.start("a", "4", weight=None, mode="auto")  # no conflict with the stale tags
     assert model.aliases == {CHAMPION: "3", CANARY: "4"}
+
+
+class RecordingRegistry(MemoryRegistry):
+    def __init__(self, *models: RegisteredModel) -> None:
+        super().__init__(*models)
+        self.version_tags: dict[tuple[str, str], dict[str, str]] = {}
+
+    def set_version_tags(self, name: str, version: str, tags: dict[str, str]) -> None:
+        self.version_tags.setdefault((name, version), {}).update(tags)
+
+
+@pytest.mark.parametrize(
+    ("move", "summary", "tag"),
+    [("remove canary", "version 2 rolled back: the canary alias was removed in the registry",
+      "infergate.rollback_reason"),
+     ("move champion", "version 2 promoted: the champion alias was moved to it in the registry",
+      "infergate.promoted_reason")],
+)  # fmt: skip
+def test_a_rollout_ended_in_mlflow_is_recorded_like_one_ended_by_command(move, summary, tag):
+    model = registered("a", champion="1")
+    registry = RecordingRegistry(model)
+    rollouts = Rollouts(registry, stats=dict, clock=lambda: 1000.0)
+    rollouts.start("a", "2", weight=None, mode="auto")
+    if move == "remove canary":
+        registry.delete_alias("a", CANARY)
+    else:
+        registry.set_alias("a", CHAMPION, "2")
+    rollouts.desired()
+    assert model.tags["infergate.last_rollout"] == summary
+    assert tag in registry.version_tags[("a", "2")]
+    assert not any(key.startswith("infergate.rollout.") for key in model.tags)
+    rollouts.desired()  # recorded once
+    assert rollouts.status("a").to_dict()["last_rollout"] == summary
+
+
+def test_set_weight_shows_the_new_weight_at_once():
+    registry = MemoryRegistry(registered("a", champion="1"))
+    counters = {"a/2": VersionCounters(requests=40), "a/1": VersionCounters(requests=300)}
+    rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=lambda: 1000.0)
+    rollouts.start("a", "2", weight=50, mode="manual")
+    rollouts.tick()
+    assert rollouts.status("a").to_dict()["last_reason"] == "manual mode, holding at weight 50"
+    shown = rollouts.set_weight("a", 30).to_dict()
+    assert (shown["weight"], shown["last_reason"]) == (30, "weight set to 30 by hand")
