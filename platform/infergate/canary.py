@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 AUTO_CANARY_TAG = "infergate.auto_canary"
 LAST_ROLLOUT_TAG = "infergate.last_rollout"
 STATE_KEYS = [TAG_PREFIX + k for k in RolloutState.__dataclass_fields__]
+# How a rollout ended, by action: the version's time and reason tags, the summary's verb.
+_END_TAGS = {
+    "promote": ("infergate.promoted_at", "infergate.promoted_reason", "promoted"),
+    "rollback": ("infergate.rolled_back_at", "infergate.rollback_reason", "rolled back"),
+}
 
 Stats = Callable[[], dict[str, VersionCounters]]
 
@@ -127,19 +132,21 @@ class Rollouts:
     def _ended_in_registry(self, model: RegisteredModel, state: RolloutState) -> None:
         """Record a rollout someone ended by moving aliases in MLflow, as the commands
         record theirs: the champion alias moved onto the canary, or the canary alias gone."""
-        version, now = state.canary_version, str(int(self.clock()))
-        if model.aliases.get(CHAMPION) == version:
+        if model.aliases.get(CHAMPION) == state.canary_version:
             decision = Decision("promote", "the champion alias was moved to it in the registry")
-            tags = {"infergate.promoted_at": now, "infergate.promoted_reason": decision.reason}
-            summary = f"version {version} promoted: {decision.reason}"
         else:
             decision = Decision("rollback", "the canary alias was removed in the registry")
-            tags = {"infergate.rolled_back_at": now, "infergate.rollback_reason": decision.reason}
-            summary = f"version {version} rolled back: {decision.reason}"
-        self.registry.set_version_tags(model.name, version, tags)
-        self.registry.set_model_tags(model.name, {LAST_ROLLOUT_TAG: summary})
-        self._analysis.pop(model.name, None)
-        self._log(model.name, decision)
+        self._record_end(model.name, state.canary_version, decision)
+
+    def _record_end(self, name: str, version: str, decision: Decision) -> None:
+        """Tags on the version and the model saying how a rollout ended, and the log."""
+        at, why, verb = _END_TAGS[decision.action]
+        now = str(int(self.clock()))
+        self.registry.set_version_tags(name, version, {at: now, why: decision.reason})
+        summary = f"version {version} {verb}: {decision.reason}"
+        self.registry.set_model_tags(name, {LAST_ROLLOUT_TAG: summary})
+        self._analysis.pop(name, None)
+        self._log(name, decision)
 
     def _sync_state(self, model: RegisteredModel) -> RolloutState | None:
         """Bring the rollout tags in line with the aliases someone may have moved."""
@@ -200,37 +207,22 @@ class Rollouts:
         model, state = self._running(name)
         old = model.aliases.get(CHAMPION)
         # The record first: whoever sees the aliases move also finds why.
-        self.registry.set_version_tags(
-            name,
-            state.canary_version,
-            {"infergate.promoted_at": str(int(self.clock())), "infergate.promoted_reason": reason},
-        )
+        self._record_end(name, state.canary_version, Decision("promote", reason))
         if old is not None:
             self.registry.set_version_tags(
                 name, old, {"infergate.replaced_by": state.canary_version}
             )
-        summary = f"version {state.canary_version} promoted: {reason}"
-        self.registry.set_model_tags(name, {LAST_ROLLOUT_TAG: summary})
         self.registry.set_alias(name, CHAMPION, state.canary_version)
         self.registry.delete_alias(name, CANARY)
         self.registry.delete_model_tags(name, STATE_KEYS)
-        self._log(name, Decision("promote", reason))
         return self.status(name)
 
     def rollback(self, name: str, reason: str = "rolled back by hand") -> Status:
         _, state = self._running(name)
         # The record first: whoever sees the alias gone also finds why.
-        self.registry.set_version_tags(
-            name,
-            state.canary_version,
-            {"infergate.rolled_back_at": str(int(self.clock())),
-             "infergate.rollback_reason": reason},
-        )  # fmt: skip
-        summary = f"version {state.canary_version} rolled back: {reason}"
-        self.registry.set_model_tags(name, {LAST_ROLLOUT_TAG: summary})
+        self._record_end(name, state.canary_version, Decision("rollback", reason))
         self.registry.delete_alias(name, CANARY)
         self.registry.delete_model_tags(name, STATE_KEYS)
-        self._log(name, Decision("rollback", reason))
         return self.status(name)
 
     def status(self, name: str) -> Status:
@@ -272,13 +264,14 @@ class Rollouts:
             canary = _window(counters, baseline, f"{model.name}/{state.canary_version}")
             stable = _window(counters, baseline, f"{model.name}/{champion}")
             decision = analyse(policy, state, canary.window(), stable.window(), self.clock())
-            self._analysis[model.name] = decision
+            if decision.action != "advance":  # an advance's figures are of a step now gone
+                self._analysis[model.name] = decision
             if decision.action == "promote":
                 self.promote(model.name, decision.reason)
             elif decision.action == "rollback":
                 self.rollback(model.name, decision.reason)
             elif decision.action == "advance":
-                self._analysis.pop(model.name)  # its figures are of the step just passed
+                self._analysis.pop(model.name, None)
                 new_state = apply(policy, state, decision, self.clock())
                 self.registry.set_model_tags(model.name, new_state.to_tags())
                 self._log(model.name, decision)

@@ -112,6 +112,11 @@ class ParityReport:
         """The gated figure, the one compared with ``tolerance``."""
         return self.max_abs_diff if self.metric == "max_abs_diff" else self.extra[self.metric]
 
+    @property
+    def check(self) -> str:
+        """The gated figure against its tolerance, e.g. ``max_abs_diff 3.1e-06 <= 0.001``."""
+        return f"{self.metric} {self.measured:.6g} <= {self.tolerance:.6g}"
+
     def to_dict(self) -> dict:
         """Plain JSON-ready dict of all fields."""
         return asdict(self)

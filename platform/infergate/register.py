@@ -35,9 +35,7 @@ class Registered:
     version: str
     task: str
     precision: str
-    parity_metric: str  # the gated figure: max_abs_diff, or one fitting the precision
-    parity_measured: float
-    parity_tolerance: float
+    parity_check: str  # the gated figure against its tolerance (ParityReport.check)
     onnx_bytes: int
 
 
@@ -176,9 +174,7 @@ def register_model(
             tags={
                 "infergate.precision": built.precision,
                 "infergate.parity_max_abs_diff": f"{parity.max_abs_diff:.6g}",
-                "infergate.parity_check": (
-                    f"{parity.metric} {parity.measured:.6g} <= {parity.tolerance:.6g}"
-                ),
+                "infergate.parity_check": parity.check,
                 "infergate.parity_passed": str(parity.passed).lower(),
             },
             alias=alias,
@@ -188,9 +184,7 @@ def register_model(
             version,
             task,
             built.precision,
-            parity.metric,
-            parity.measured,
-            parity.tolerance,
+            parity.check,
             built.onnx_path.stat().st_size,
         )
 
@@ -199,6 +193,5 @@ def describe(registered: Registered) -> str:
     r = asdict(registered)
     return (
         f"registered {r['name']} version {r['version']} ({r['task']}, {r['precision']}, "
-        f"{r['onnx_bytes'] / 1e6:.1f} MB ONNX, parity {r['parity_metric']} "
-        f"{r['parity_measured']:.3g} <= {r['parity_tolerance']:.3g})"
+        f"{r['onnx_bytes'] / 1e6:.1f} MB ONNX, parity {r['parity_check']})"
     )

@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 _UNAVAILABLE_STATUSES = frozenset(
     {
         "StatusCode.UNAVAILABLE",
-        "StatusCode.DEADLINE_EXCEEDED",
         "StatusCode.NOT_FOUND",
         "StatusCode.CANCELLED",
         "StatusCode.RESOURCE_EXHAUSTED",
@@ -98,12 +97,13 @@ class TritonBackend:
         except InferenceServerException as exc:
             # The answer names no Triton model (an internal name); the log does.
             log.warning("Triton inference on %s (%d rows) failed: %s", model, len(input_ids), exc)
-            if _status(exc) == "StatusCode.DEADLINE_EXCEEDED":
+            status = _status(exc)
+            if status == "StatusCode.DEADLINE_EXCEEDED":  # retrying the same will not help
                 raise BackendTimeout(
                     f"The model did not answer within {self.timeout_s:g} s; fewer or shorter "
                     "texts per request answer sooner."
                 ) from exc
-            if _status(exc) in _UNAVAILABLE_STATUSES:
+            if status in _UNAVAILABLE_STATUSES:
                 raise BackendUnavailable(
                     "The inference backend cannot serve this model right now; retry later."
                 ) from exc
