@@ -46,6 +46,11 @@ WORKER_ENV = {
     # set before the workers start, so that no replica writes its environment while
     # other threads run.
     "TOKENIZERS_PARALLELISM": "false",
+    # The Serve controller (a worker too) runs its control loop every 0.1 s by default:
+    # 4 % of a core on an idle two-core stack, 1.6 % every 0.5 s. Deploys, health checks
+    # and scaling decisions then start up to 0.4 s later; autoscaling waits for seconds
+    # of metrics anyway.
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
 }
 
 

@@ -264,6 +264,21 @@ def test_serving_processes_are_not_deprioritised(stack):
     assert {value for values in niceness.values() for value in values} == {expected}, niceness
 
 
+def test_serve_controller_runs_its_loop_at_the_stacks_interval(stack):
+    """The Serve controller reads RAY_SERVE_CONTROL_LOOP_INTERVAL_S from its environment at
+    import (ray.serve._private.constants): the stack's value must reach that process."""
+    from infergate.ray_start import WORKER_ENV
+
+    controllers = stack_processes(stack)[1].get("serve controller", [])
+    assert controllers, "no Serve controller process found"
+    for pid in controllers:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        wanted = (
+            "RAY_SERVE_CONTROL_LOOP_INTERVAL_S=" + WORKER_ENV["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"]
+        )
+        assert wanted.encode() in environ
+
+
 def test_replicas_write_no_access_log_line_per_request(stack):
     """Ray Serve's access log is off (ServeSettings.access_log). Replicas buffer their log
     1000 records at a time, so over 1000 requests per replica would show lines if it were on."""
