@@ -95,7 +95,7 @@ class Rollouts:
         self.stats = stats
         self.clock = clock
         self.on_decision = on_decision or (lambda model, action: None)
-        self._sources: dict[tuple[str, str], str] = {}
+        self._sources: dict[tuple[str, int, str], str] = {}
         self._baselines: dict[tuple[str, str, float], dict[str, VersionCounters]] = {}
         # The latest analysis per model: every tick, while the tags change only with the
         # action (a write to MLflow every 2 s would be too many).
@@ -124,8 +124,9 @@ class Rollouts:
     def _served(
         self, model: RegisteredModel, version: str, role: str, weight: int
     ) -> ServedVersion:
-        key = (model.name, version)
-        if key not in self._sources:  # a version's artifacts never change
+        # A version's artifacts never change; a model registered again is another model.
+        key = (model.name, model.created, version)
+        if key not in self._sources:
             self._sources[key] = self.registry.version_source(model.name, version)
         return ServedVersion(model.name, version, model.task, self._sources[key], role, weight)
 

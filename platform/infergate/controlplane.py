@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infergate.config import TritonSettings
-from infergate.registry import CHAMPION, Registry, ServedVersion
+from infergate.registry import CHAMPION, Registry, ServedVersion, version_cache
 from infergate.triton.client import TritonControl
 from infergate.triton.repository import remove_model, triton_model_name, write_model
 
@@ -59,7 +59,8 @@ class ControlPlane:
         wanted = {triton_model_name(v.name, v.version) for v in desired}
         for version in desired:
             model = triton_model_name(version.name, version.version)
-            if model not in self.serving:
+            # The same name and version from other files: deleted and registered again.
+            if model not in self.serving or self.serving[model].source != version.source:
                 try:
                     self._load(version, model)
                 except Exception as exc:  # any failure keeps the version away from traffic
@@ -96,7 +97,7 @@ class ControlPlane:
         return None
 
     def _load(self, version: ServedVersion, model: str) -> None:
-        cache = self.cache_dir / model
+        cache = version_cache(self.cache_dir, version)
         spec = self.registry.load_spec(version.source, cache)
         onnx_path = self.registry.download(version.source, "model.onnx", cache)
         write_model(

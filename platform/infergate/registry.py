@@ -12,6 +12,7 @@ A registered version's artifacts live under one folder (``model/``):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import tempfile
@@ -44,11 +45,18 @@ class RegisteredModel:
     task: str
     aliases: dict[str, str]
     tags: dict[str, str]
+    # Milliseconds since the epoch: a model deleted and registered again under its name is
+    # another model, whose version numbers start over.
+    created: int = 0
 
 
 def _registered(model: Any) -> RegisteredModel:
     return RegisteredModel(
-        model.name, model.tags.get(TASK_TAG, ""), dict(model.aliases), dict(model.tags)
+        model.name,
+        model.tags.get(TASK_TAG, ""),
+        dict(model.aliases),
+        dict(model.tags),
+        int(model.creation_timestamp or 0),
     )
 
 
@@ -72,6 +80,17 @@ class ServedVersion:
             "role": self.role,
             "weight": self.weight,
         }
+
+
+def version_cache(root: Path, served: ServedVersion) -> Path:
+    """The folder under ``root`` that keeps one version's downloaded artifacts.
+
+    Keyed by the artifact URI as well as name and version: a model deleted and registered
+    again starts over at version 1 with other files, which must not be served from the
+    first one's copies.
+    """
+    digest = hashlib.sha256(served.source.encode()).hexdigest()[:16]
+    return root / f"{served.name}__v{served.version}" / digest
 
 
 class Registry:

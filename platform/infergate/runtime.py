@@ -13,7 +13,7 @@ import numpy as np
 
 from infergate.errors import InvalidInput
 from infergate.postprocess import classification_outputs, l2_normalize, softmax
-from infergate.registry import REFERENCE_FILE, Registry, ServedVersion
+from infergate.registry import REFERENCE_FILE, Registry, ServedVersion, version_cache
 from infergate.tokenization import Batch, TextTokenizer
 from infergate.triton.repository import triton_model_name
 
@@ -80,7 +80,7 @@ class ModelRuntime:
 
     @classmethod
     def load(cls, served: ServedVersion, registry: Registry, cache_dir: Path) -> ModelRuntime:
-        cache = cache_dir / triton_model_name(served.name, served.version)
+        cache = version_cache(cache_dir, served)
         spec = Spec.from_dict(registry.load_spec(served.source, cache))
         tokenizer_dir = registry.download(served.source, "tokenizer", cache)
         runtime = cls(served, spec, TextTokenizer.from_dir(tokenizer_dir, spec.max_length))

@@ -140,7 +140,7 @@ class FrontendDeployment:
             known = self._loaded.get(key)
             runtime = (
                 known.with_served(version)
-                if known
+                if known and known.served.source == version.source
                 else ModelRuntime.load(version, registry, self._settings.artifact_cache_dir)
             )
             loaded[key] = runtime

@@ -85,3 +85,27 @@ def test_a_first_champion_that_fails_serves_nothing(tmp_path):
     plane.broken = {"m__v1"}
     result = plane.reconcile()
     assert served(plane) == [] and result.failed.keys() == {"m__v1"}
+
+
+class LoadRecorder(Plane):
+    def __init__(self, tmp_path, desired: list[ServedVersion]) -> None:
+        self.loads: list[tuple[str, str]] = []
+        super().__init__(tmp_path, desired)
+
+    def _load(self, version: ServedVersion, model: str) -> None:
+        self.loads.append((model, version.source))
+
+
+def test_a_version_registered_again_under_its_name_and_number_is_loaded_again(tmp_path):
+    """Deleting a registered model and registering it again restarts at version 1: the
+    Triton model name is the same, the files are not."""
+    plane = LoadRecorder(tmp_path, [version("1")])
+    plane.reconcile()
+    plane.reconcile()  # nothing changed: nothing loaded again
+    assert plane.loads == [("m__v1", "src/1")]
+    again = ServedVersion("m", "1", "text-classification", "src/other-run")
+    plane.wanted = [again]
+    result = plane.reconcile()
+    assert plane.loads == [("m__v1", "src/1"), ("m__v1", "src/other-run")]
+    assert result.loaded == ["m__v1"] and result.unloaded == []
+    assert plane.tables[-1] == [again] and plane.serving["m__v1"] == again

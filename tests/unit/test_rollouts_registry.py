@@ -17,6 +17,7 @@ class MemoryRegistry:
 
     def __init__(self, *models: RegisteredModel) -> None:
         self._models = {m.name: m for m in models}
+        self._runs = {m.name: "run-1" for m in models}
 
     def models(self) -> list[RegisteredModel]:
         return list(self._models.values())
@@ -25,7 +26,11 @@ class MemoryRegistry:
         return self._models[name]
 
     def version_source(self, name: str, version: str) -> str:
-        return f"models:/{name}/{version}"
+        return f"runs:/{self._runs[name]}/{name}/{version}"
+
+    def register_again(self, model: RegisteredModel, run: str) -> None:
+        """Delete ``model.name`` and register it again; its versions come from ``run``."""
+        self._models[model.name], self._runs[model.name] = model, run
 
     def set_model_tags(self, name: str, tags: dict[str, str]) -> None:
         self._models[name].tags.update(tags)
@@ -170,3 +175,12 @@ def test_set_weight_shows_the_new_weight_at_once():
     assert rollouts.status("a").to_dict()["last_reason"] == "manual mode, holding at weight 50"
     shown = rollouts.set_weight("a", 30).to_dict()
     assert (shown["weight"], shown["last_reason"]) == (30, "weight set to 30 by hand")
+
+
+def test_a_model_deleted_and_registered_again_is_served_from_its_new_files():
+    registry = MemoryRegistry(registered("a", champion="1"))
+    rollouts = Rollouts(registry, stats=dict)
+    assert [v.source for v in rollouts.desired()] == ["runs:/run-1/a/1"]
+    again = RegisteredModel("a", "text-classification", {CHAMPION: "1"}, {}, created=2)
+    registry.register_again(again, run="run-2")  # version 1 again, other files
+    assert [v.source for v in rollouts.desired()] == ["runs:/run-2/a/1"]
