@@ -3,18 +3,19 @@
 Reads the versions to serve from MLflow, makes sure each is in the Triton model
 repository and loaded (explicit model control: no restarts), hands the front-end its
 new traffic table, then unloads versions nothing references any more. A version that
-Triton cannot load never receives traffic; a new champion that fails leaves its model on
-the champion it had.
+Triton or the front-end replicas cannot load never receives traffic; a new champion that
+fails leaves its model on the champion it had.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infergate.config import TritonSettings
+from infergate.errors import InfergateError
 from infergate.registry import CHAMPION, Registry, ServedVersion, version_cache
 from infergate.triton.client import TritonControl
 from infergate.triton.repository import remove_model, triton_model_name, write_model
@@ -38,7 +39,7 @@ class ControlPlane:
         triton_settings: TritonSettings,
         repository: Path,
         cache_dir: Path,
-        deploy: Callable[[list[ServedVersion]], None],
+        deploy: Callable[[list[ServedVersion]], Mapping[str, str] | None],
         desired: Callable[[], list[ServedVersion]],
         on_load_failure: Callable[[ServedVersion, str], None] = lambda version, reason: None,
     ) -> None:
@@ -64,26 +65,53 @@ class ControlPlane:
                 try:
                     self._load(version, model)
                 except Exception as exc:  # any failure keeps the version away from traffic
-                    log.error("version %s v%s not served: %s", version.name, version.version, exc)
-                    result.failed[model] = str(exc)
-                    self.on_load_failure(version, str(exc))
-                    fallback = self._fallback(version, wanted)
-                    if fallback is not None:
-                        result.served.append(fallback)
+                    self._failed(version, _reason(exc), wanted, result)
                     continue
                 result.loaded.append(model)
             result.served.append(version)
         result.served = _rebalance(result.served)
-        new_serving = {triton_model_name(v.name, v.version): v for v in result.served}
-        if new_serving != self.serving or not self._deployed:
-            self.deploy(result.served)
-            self._deployed = True
-        for model in sorted(set(self.serving) - set(new_serving)):
+        new_serving = self._publish(result, wanted)
+        for model in sorted((set(self.serving) | set(result.loaded)) - set(new_serving)):
             self.triton.unload(model)
             remove_model(self.repository, model)
             result.unloaded.append(model)
         self.serving = new_serving
         return result
+
+    def _publish(self, result: ReconcileResult, wanted: set[str]) -> dict[str, ServedVersion]:
+        """Hand the replicas ``result.served``. A version they cannot load (its tokenizer,
+        say) fails as if Triton could not load it, and the rest is handed out again."""
+        serving = {triton_model_name(v.name, v.version): v for v in result.served}
+        if serving == self.serving and self._deployed:
+            return serving
+        unservable = self.deploy(result.served) or {}
+        self._deployed = True
+        if not unservable:
+            return serving
+        result.served = [v for model, v in serving.items() if model not in unservable]
+        for model, version in serving.items():
+            if model in unservable:
+                reason = f"the front-end replicas could not load it: {unservable[model]}"
+                self._failed(version, reason, wanted, result)
+        # A fallback is no use if it is one of them (a champion kept from an earlier failure).
+        served = [
+            v for v in result.served if triton_model_name(v.name, v.version) not in unservable
+        ]
+        result.served = _rebalance(served)
+        if still := self.deploy(result.served):
+            log.error("front-end replicas could not load %s either", sorted(still))
+        return {triton_model_name(v.name, v.version): v for v in result.served}
+
+    def _failed(
+        self, version: ServedVersion, reason: str, wanted: set[str], result: ReconcileResult
+    ) -> None:
+        """Keep ``version`` away from traffic; a new champion's goes to the champion so far."""
+        log.error("version %s v%s not served: %s", version.name, version.version, reason)
+        result.failed[triton_model_name(version.name, version.version)] = reason
+        self.on_load_failure(version, reason)
+        fallback = self._fallback(version, wanted)
+        if fallback is not None:
+            result.served.append(fallback)
 
     def _fallback(self, failed: ServedVersion, wanted: set[str]) -> ServedVersion | None:
         """What takes the traffic of a new champion Triton could not load: the champion
@@ -120,3 +148,11 @@ def _rebalance(served: list[ServedVersion]) -> list[ServedVersion]:
     return [
         replace(v, weight=100) if counts[v.name] == 1 and v.weight != 100 else v for v in served
     ]
+
+
+def _reason(exc: Exception) -> str:
+    """Why a load failed, for a rollback reason: infergate's errors say what could not;
+    anything else (an artifact download, say) gets its type, as a bare KeyError has none."""
+    if isinstance(exc, InfergateError):
+        return str(exc)
+    return f"loading it failed: {type(exc).__name__}: {exc}"

@@ -33,6 +33,7 @@ from infergate.runtime import ModelRuntime, drain
 from infergate.telemetry import RayTelemetry
 from infergate.tokenization import tokenize_serially
 from infergate.triton.client import TritonBackend
+from infergate.triton.repository import triton_model_name
 
 log = logging.getLogger(__name__)
 APP_NAME = "infergate"
@@ -50,7 +51,7 @@ class ControlState:
     def __init__(self) -> None:
         self.version = 0
         self.served: list[dict[str, Any]] = []
-        self.reports: dict[str, tuple[float, int, dict[str, dict]]] = {}
+        self.reports: dict[str, tuple[float, int, dict[str, dict], dict[str, str]]] = {}
 
     def publish(self, served: list[dict[str, Any]]) -> int:
         self.version += 1
@@ -61,17 +62,34 @@ class ControlState:
         """The table if it is newer than ``known``; None otherwise (the common case)."""
         return (self.version, self.served) if self.version > known else None
 
-    def report(self, replica: str, table_version: int, counters: dict[str, dict]) -> None:
-        self.reports[replica] = (time.monotonic(), table_version, counters)
+    def report(
+        self,
+        replica: str,
+        table_version: int,
+        counters: dict[str, dict],
+        unservable: dict[str, str] | None = None,
+    ) -> None:
+        """``unservable``: Triton models of the replica's table it could not load, and why."""
+        self.reports[replica] = (time.monotonic(), table_version, counters, unservable or {})
 
     def snapshot(self) -> list[dict[str, dict]]:
-        return [counters for _, _, counters in self.reports.values()]
+        return [report[2] for report in self.reports.values()]
 
     def adopted(self, version: int) -> bool:
         """Every replica heard from lately runs ``version`` (or a newer table)."""
+        return all(report[1] >= version for report in self._live())
+
+    def unservable(self, version: int) -> dict[str, str]:
+        """The versions of table ``version`` some replica running it could not load."""
+        found: dict[str, str] = {}
+        for _, table_version, _, failed in self._live():
+            if table_version == version:
+                found.update(failed)
+        return found
+
+    def _live(self) -> list[tuple[float, int, dict[str, dict], dict[str, str]]]:
         now = time.monotonic()
-        live = [v for seen, v, _ in self.reports.values() if now - seen < REPLICA_SILENT_AFTER_S]
-        return all(v >= version for v in live)
+        return [r for r in self.reports.values() if now - r[0] < REPLICA_SILENT_AFTER_S]
 
 
 def control_state() -> ray.actor.ActorHandle:
@@ -96,6 +114,7 @@ class FrontendDeployment:
         self._served: list[ServedVersion] = []
         self._table_version = 0  # the table this replica routes by
         self._adopted = 0  # ... and the one it reports: once the versions it left are idle
+        self._unservable: dict[str, str] = {}  # Triton model -> why this replica cannot load it
         self._telemetry = RayTelemetry()
         self._state = control_state()
         self._replica = serve.get_replica_context().replica_id.unique_id
@@ -135,14 +154,24 @@ class FrontendDeployment:
         registry = Registry(self._settings.tracking_uri)
         loaded: dict[tuple[str, str], ModelRuntime] = {}
         grouped: dict[str, list[ModelRuntime]] = {}
+        unservable: dict[str, str] = {}
         for version in served:
             key = (version.name, version.version)
             known = self._loaded.get(key)
-            runtime = (
-                known.with_served(version)
-                if known and known.served.source == version.source
-                else ModelRuntime.load(version, registry, self._settings.artifact_cache_dir)
-            )
+            if known and known.served.source == version.source:
+                runtime = known.with_served(version)
+            else:
+                try:
+                    runtime = ModelRuntime.load(
+                        version, registry, self._settings.artifact_cache_dir
+                    )
+                except Exception as exc:
+                    # Left out of this replica's table, which the other versions still get;
+                    # the control plane takes it out of traffic once this is reported.
+                    log.exception("cannot serve %s v%s", version.name, version.version)
+                    model = triton_model_name(version.name, version.version)
+                    unservable[model] = f"{type(exc).__name__}: {exc}"
+                    continue
             loaded[key] = runtime
             grouped.setdefault(version.name, []).append(runtime)
             self._telemetry.weight(version.name, version.version, version.role, version.weight)
@@ -155,6 +184,7 @@ class FrontendDeployment:
             monitors=self._monitors, has_table=table_version > 0,
         )  # fmt: skip
         self._loaded, self._served, self._table_version = loaded, served, table_version
+        self._unservable = unservable
 
     async def _sync(self) -> None:
         """Pull new traffic tables and, apart from that (applying one can take a while:
@@ -184,7 +214,7 @@ class FrontendDeployment:
 
     def _report(self) -> None:
         counters = {k: c.to_dict() for k, c in self._monitors.counters.items()}
-        self._state.report.remote(self._replica, self._adopted, counters)
+        self._state.report.remote(self._replica, self._adopted, counters, self._unservable)
 
     async def _pull_table(self) -> bool:
         """Apply the control plane's table if it is newer than ours; whether it was."""

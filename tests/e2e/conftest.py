@@ -174,9 +174,16 @@ def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.25):
 
 
 def clone_version(
-    registry: Registry, name: str, version: str, tmp_path: Path, *, corrupt: bool = False
+    registry: Registry,
+    name: str,
+    version: str,
+    tmp_path: Path,
+    *,
+    corrupt: bool = False,
+    broken_tokenizer: bool = False,
 ) -> str:
-    """A new version of ``name`` made of ``version``'s files; optionally a broken ONNX."""
+    """A new version of ``name`` made of ``version``'s files; optionally a broken ONNX
+    (Triton cannot load it) or tokenizer (the front-end replicas cannot)."""
     import mlflow
 
     source = registry.version_source(name, version)
@@ -187,5 +194,7 @@ def clone_version(
     )
     if corrupt:
         (files / "model.onnx").write_bytes(b"this is not an ONNX graph")
+    if broken_tokenizer:
+        (files / "tokenizer" / "tokenizer.json").write_text("this is not a tokenizer")
     task = registry.model(name).task
     return registry.register(name, task, files, metrics={}, params={}, tags={"test": "yes"})

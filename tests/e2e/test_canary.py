@@ -29,9 +29,13 @@ def registry(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Registry
     return Registry(stack.mlflow)
 
 
-def new_version(registry: Registry, tmp_path: Path, *, corrupt: bool = False) -> str:
-    """Another version of ``rollout`` from version 1's files; optionally a broken ONNX."""
-    return clone_version(registry, MODEL, "1", tmp_path, corrupt=corrupt)
+def new_version(
+    registry: Registry, tmp_path: Path, *, corrupt: bool = False, broken_tokenizer: bool = False
+) -> str:
+    """Another version of ``rollout`` from version 1's files; optionally broken."""
+    return clone_version(
+        registry, MODEL, "1", tmp_path, corrupt=corrupt, broken_tokenizer=broken_tokenizer
+    )
 
 
 def served_versions(http: httpx.Client) -> dict[str, dict]:
@@ -149,10 +153,18 @@ def test_commands_refuse_what_makes_no_sense(stack, registry, tmp_path):
         end_rollout(stack)
 
 
-def test_a_canary_triton_cannot_load_is_rolled_back_while_the_champion_answers(
-    stack, http, registry, tmp_path
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [("onnx", "Triton could not load"), ("tokenizer", "front-end replicas could not load")],
+)
+def test_a_canary_that_cannot_load_is_rolled_back_while_the_champion_answers(
+    stack, http, registry, tmp_path, broken, reason
 ):
-    version = new_version(registry, tmp_path, corrupt=True)
+    """A broken ONNX file fails in Triton; a broken tokenizer in the replicas, which still
+    take the other versions' table (before, they kept the old table for every model)."""
+    version = new_version(
+        registry, tmp_path, corrupt=broken == "onnx", broken_tokenizer=broken == "tokenizer"
+    )
     failures: list[int] = []
     done = threading.Event()
 
@@ -172,7 +184,7 @@ def test_a_canary_triton_cannot_load_is_rolled_back_while_the_champion_answers(
         done.set()
         thread.join()
     tags = MlflowClient(stack.mlflow).get_model_version(MODEL, version).tags
-    assert "Triton could not load" in tags["infergate.rollback_reason"]
+    assert reason in tags["infergate.rollback_reason"]
     assert version not in served_versions(http)
     assert failures == []
     assert http.get("/readyz").status_code == 200

@@ -24,6 +24,7 @@ class Plane(ControlPlane):
         self.tables: list[list[ServedVersion]] = []
         self.failures: list[tuple[str, str]] = []
         self.broken: set[str] = set()
+        self.replicas_cannot_load: dict[str, str] = {}
         self.wanted = desired
         super().__init__(
             registry=None,
@@ -31,7 +32,7 @@ class Plane(ControlPlane):
             triton_settings=TritonSettings(),
             repository=tmp_path,
             cache_dir=tmp_path,
-            deploy=self.tables.append,
+            deploy=self._deploy,
             desired=lambda: self.wanted,
             on_load_failure=lambda v, reason: self.failures.append((v.version, v.role)),
         )
@@ -40,13 +41,18 @@ class Plane(ControlPlane):
         if model in self.broken:
             raise RuntimeError(f"{model} is corrupt")
 
+    def _deploy(self, table: list[ServedVersion]) -> dict[str, str]:
+        self.tables.append(table)
+        models = {f"{v.name}__v{v.version}" for v in table}
+        return {m: why for m, why in self.replicas_cannot_load.items() if m in models}
 
-def version(number: str, role: str = CHAMPION, weight: int = 100) -> ServedVersion:
-    return ServedVersion("m", number, "text-classification", f"src/{number}", role, weight)
+
+def version(number: str, role: str = CHAMPION, weight: int = 100, name: str = "m") -> ServedVersion:
+    return ServedVersion(name, number, "text-classification", f"src/{number}", role, weight)
 
 
-def served(plane: Plane) -> list[tuple[str, str, int]]:
-    return [(v.version, v.role, v.weight) for v in plane.tables[-1]]
+def served(plane: Plane, name: str = "m") -> list[tuple[str, str, int]]:
+    return [(v.version, v.role, v.weight) for v in plane.tables[-1] if v.name == name]
 
 
 def test_a_new_champion_triton_cannot_load_leaves_the_old_one_serving(tmp_path):
@@ -109,3 +115,34 @@ def test_a_version_registered_again_under_its_name_and_number_is_loaded_again(tm
     assert plane.loads == [("m__v1", "src/1"), ("m__v1", "src/other-run")]
     assert result.loaded == ["m__v1"] and result.unloaded == []
     assert plane.tables[-1] == [again] and plane.serving["m__v1"] == again
+
+
+def test_a_canary_the_replicas_cannot_load_leaves_the_other_models_table_alone(tmp_path):
+    """Its tokenizer unreadable, say: Triton loaded it, the replicas could not."""
+    plane = Plane(tmp_path, [version("1"), version("1", name="n")])
+    plane.reconcile()
+    plane.wanted = [version("1", weight=90), version("2", CANARY, 10), version("2", name="n")]
+    plane.replicas_cannot_load = {"m__v2": "OSError: no tokenizer.json"}
+    result = plane.reconcile()
+    assert served(plane) == [("1", CHAMPION, 100)]
+    assert served(plane, "n") == [("2", CHAMPION, 100)]  # its new champion went out
+    assert plane.failures == [("2", CANARY)]
+    assert "could not load it: OSError: no tokenizer.json" in result.failed["m__v2"]
+    # Loaded into Triton this round, unloaded again; n's old champion is gone too.
+    assert sorted(plane.triton.unloaded) == ["m__v2", "n__v1"]
+    assert set(plane.serving) == {"m__v1", "n__v2"}
+
+
+def test_a_new_champion_the_replicas_cannot_load_leaves_the_old_one_serving(tmp_path):
+    plane = Plane(tmp_path, [version("1")])
+    plane.reconcile()
+    plane.wanted = [version("2")]
+    plane.replicas_cannot_load = {"m__v2": "OSError: no tokenizer.json"}
+    plane.reconcile()
+    first, second = ([(v.version, v.weight) for v in t] for t in plane.tables[-2:])
+    assert first == [("2", 100)] and second == [("1", 100)]
+    assert plane.triton.unloaded == ["m__v2"] and set(plane.serving) == {"m__v1"}
+    # Readable again: the next reconcile moves on to it.
+    plane.replicas_cannot_load = {}
+    plane.reconcile()
+    assert served(plane) == [("2", CHAMPION, 100)] and plane.triton.unloaded[-1] == "m__v1"
