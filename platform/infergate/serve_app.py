@@ -120,6 +120,7 @@ class FrontendDeployment:
         self._replica = serve.get_replica_context().replica_id.unique_id
         self._monitors = Monitors(self._telemetry)
         self._applying = asyncio.Lock()  # one table change at a time
+        self._closing: set[asyncio.Task[None]] = set()
         self._sync_task = asyncio.get_running_loop().create_task(self._sync())
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
@@ -141,12 +142,26 @@ class FrontendDeployment:
             settings.triton_grpc_url,
             settings.triton_timeout_s,
         ):
+            if isinstance(triton, TritonBackend):
+                self._close_later(triton)
             triton = TritonBackend(settings.triton_grpc_url, settings.triton_timeout_s)
         # Calls in flight finish on the batcher they left from.
         self._backend = BatchingBackend(
             triton, max_rows=settings.batch_max_rows, max_in_flight=settings.batch_max_in_flight
         )
         self._apply(self._served, self._table_version)
+
+    def _close_later(self, replaced: TritonBackend) -> None:
+        """Close a replaced Triton channel once the calls still out on it are over: each
+        ends within the backend's timeout."""
+
+        async def close() -> None:
+            await asyncio.sleep(replaced.timeout_s)
+            await replaced.close()
+
+        task = asyncio.get_running_loop().create_task(close())
+        self._closing.add(task)  # a strong reference while it waits
+        task.add_done_callback(self._closing.discard)
 
     def _apply(self, served: list[ServedVersion], table_version: int) -> None:
         """Build the front-end for ``served``, reusing versions already loaded."""
