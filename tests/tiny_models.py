@@ -50,8 +50,11 @@ WORDS = [
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def tiny_bert(folder: Path, task: str, *, labels: tuple[str, ...] = ("sad", "happy")) -> Path:
-    """Save a tiny BERT for ``task`` and its tokenizer to ``folder``; return ``folder``."""
+def tiny_bert(
+    folder: Path, task: str, *, labels: tuple[str, ...] = ("sad", "happy"), seed: int = 0
+) -> Path:
+    """Save a tiny BERT for ``task`` and its tokenizer to ``folder``; return ``folder``.
+    ``seed`` draws its random weights."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
 
@@ -71,7 +74,7 @@ def tiny_bert(folder: Path, task: str, *, labels: tuple[str, ...] = ("sad", "hap
         id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)},
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model_class = BertForSequenceClassification if task == "text-classification" else BertModel
     model = model_class(config).eval()
     model.save_pretrained(folder)

@@ -165,6 +165,38 @@ def test_registered_champion_goes_live(stack, http, tmp_path):
     assert version.tags["infergate.parity_check"].startswith("max_abs_diff ")
 
 
+def test_a_model_deleted_and_registered_again_answers_with_its_new_files(stack, http, tmp_path):
+    """Registered again under its name, a model starts over at version 1: neither the
+    replicas' nor Triton's copy of the first one's files may answer for it."""
+
+    def register(labels: tuple[str, str], seed: int) -> None:
+        folder = tiny_bert(tmp_path / str(seed), "text-classification", labels=labels, seed=seed)
+        result = stack.cli(
+            "register", str(folder), "--name", "reborn", "--task", "text-classification",
+            "--precision", "fp32", "--alias", "champion", "--quiet",
+            "--tracking-uri", stack.mlflow,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+
+    texts = ["the film was good", "bad"]
+    register(("sad", "happy"), seed=0)
+    wait_for_model(http, "reborn")
+    first = predict(http, "reborn", texts).json()["outputs"]
+    assert {o["label"] for o in first} <= {"sad", "happy"}
+    MlflowClient(stack.mlflow).delete_registered_model("reborn")
+    register(("bad", "good"), seed=1)
+
+    def answers_anew() -> list[dict] | None:
+        outputs = predict(http, "reborn", texts).json().get("outputs")
+        return outputs if outputs and {o["label"] for o in outputs} <= {"bad", "good"} else None
+
+    again = wait_for(answers_anew, 60, "the new files answering")
+    # Other weights behind the same Triton model name: Triton reloaded it too.
+    assert [list(o["scores"].values()) for o in again] != [
+        list(o["scores"].values()) for o in first
+    ]
+
+
 @pytest.mark.parametrize(
     ("make_source", "task", "message"),
     [
