@@ -3,20 +3,21 @@
 Reads the versions to serve from MLflow, makes sure each is in the Triton model
 repository and loaded (explicit model control: no restarts), hands the front-end its
 new traffic table, then unloads versions nothing references any more. A version that
-Triton or the front-end replicas cannot load never receives traffic; a new champion that
-fails leaves its model on the champion it had.
+Triton cannot load, or whose files the front-end replicas could not read, never receives
+traffic; a new champion that fails leaves its model on the champion it had.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infergate.config import TritonSettings
-from infergate.errors import InfergateError
+from infergate.errors import InfergateError, RegistrationError
 from infergate.registry import CHAMPION, Registry, ServedVersion, version_cache
+from infergate.runtime import ModelRuntime
 from infergate.triton.client import TritonControl
 from infergate.triton.repository import remove_model, triton_model_name, write_model
 
@@ -39,7 +40,7 @@ class ControlPlane:
         triton_settings: TritonSettings,
         repository: Path,
         cache_dir: Path,
-        deploy: Callable[[list[ServedVersion]], Mapping[str, str] | None],
+        deploy: Callable[[list[ServedVersion]], None],
         desired: Callable[[], list[ServedVersion]],
         on_load_failure: Callable[[ServedVersion, str], None] = lambda version, reason: None,
     ) -> None:
@@ -70,37 +71,16 @@ class ControlPlane:
                 result.loaded.append(model)
             result.served.append(version)
         result.served = _rebalance(result.served)
-        new_serving = self._publish(result, wanted)
-        for model in sorted((set(self.serving) | set(result.loaded)) - set(new_serving)):
+        new_serving = {triton_model_name(v.name, v.version): v for v in result.served}
+        if new_serving != self.serving or not self._deployed:
+            self.deploy(result.served)
+            self._deployed = True
+        for model in sorted(set(self.serving) - set(new_serving)):
             self.triton.unload(model)
             remove_model(self.repository, model)
             result.unloaded.append(model)
         self.serving = new_serving
         return result
-
-    def _publish(self, result: ReconcileResult, wanted: set[str]) -> dict[str, ServedVersion]:
-        """Hand the replicas ``result.served``. A version they cannot load (its tokenizer,
-        say) fails as if Triton could not load it, and the rest is handed out again."""
-        serving = {triton_model_name(v.name, v.version): v for v in result.served}
-        if serving == self.serving and self._deployed:
-            return serving
-        unservable = self.deploy(result.served) or {}
-        self._deployed = True
-        if not unservable:
-            return serving
-        result.served = [v for model, v in serving.items() if model not in unservable]
-        for model, version in serving.items():
-            if model in unservable:
-                reason = f"the front-end replicas could not load it: {unservable[model]}"
-                self._failed(version, reason, wanted, result)
-        # A fallback is no use if it is one of them (a champion kept from an earlier failure).
-        served = [
-            v for v in result.served if triton_model_name(v.name, v.version) not in unservable
-        ]
-        result.served = _rebalance(served)
-        if still := self.deploy(result.served):
-            log.error("front-end replicas could not load %s either", sorted(still))
-        return {triton_model_name(v.name, v.version): v for v in result.served}
 
     def _failed(
         self, version: ServedVersion, reason: str, wanted: set[str], result: ReconcileResult
@@ -114,7 +94,7 @@ class ControlPlane:
             result.served.append(fallback)
 
     def _fallback(self, failed: ServedVersion, wanted: set[str]) -> ServedVersion | None:
-        """What takes the traffic of a new champion Triton could not load: the champion
+        """What takes the traffic of a new champion that could not be loaded: the champion
         served until now, unless the registry wants that version in another role."""
         if failed.role != CHAMPION:
             return None
@@ -125,6 +105,15 @@ class ControlPlane:
         return None
 
     def _load(self, version: ServedVersion, model: str) -> None:
+        try:
+            # What every front-end replica loads, read here first: a version they could not
+            # load must not reach their table (its model would answer 503 until it left).
+            ModelRuntime.load(version, self.registry, self.cache_dir)
+        except Exception as exc:
+            raise RegistrationError(
+                "its tokenizer, serving spec or drift reference cannot be read: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         cache = version_cache(self.cache_dir, version)
         spec = self.registry.load_spec(version.source, cache)
         onnx_path = self.registry.download(version.source, "model.onnx", cache)

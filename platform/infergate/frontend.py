@@ -120,11 +120,14 @@ class Frontend:
         telemetry: Telemetry | None = None,
         monitors: Monitors | None = None,
         has_table: bool = True,
+        loading: frozenset[str] = frozenset(),
     ) -> None:
         """``has_table`` False: the control plane's traffic table has not arrived yet, so
-        ``models`` is empty for now rather than for good."""
+        ``models`` is empty for now rather than for good. ``loading``: models of the table
+        none of whose versions this replica could load yet (it tries again)."""
         self.settings = settings
         self.has_table = has_table
+        self.loading = loading
         self.backend = backend
         self.models = models
         self.limits = Limits(
@@ -181,6 +184,8 @@ class Frontend:
             # A replica that has not received its traffic table yet: the model may well
             # be served a moment later, so this is no 404.
             raise BackendUnavailable("the front-end is still starting; retry shortly")
+        if model is None and name in self.loading:
+            raise BackendUnavailable(f"model {name!r} is still loading; retry shortly")
         if model is None:
             known = ", ".join(sorted(self.models)) or "none yet"
             raise ModelNotFound(f"model {name!r} is not served; served models: {known}")

@@ -33,7 +33,6 @@ from infergate.runtime import ModelRuntime, drain
 from infergate.telemetry import RayTelemetry
 from infergate.tokenization import tokenize_serially
 from infergate.triton.client import TritonBackend
-from infergate.triton.repository import triton_model_name
 
 log = logging.getLogger(__name__)
 APP_NAME = "infergate"
@@ -42,6 +41,7 @@ STATE_NAMESPACE = "infergate"
 POLL_INTERVAL_S = 0.5
 REPORT_INTERVAL_S = 1.0
 REPLICA_SILENT_AFTER_S = 10.0  # a replica not heard from for this long is gone
+RETRY_S = 5.0  # how often a version of the table this replica could not load is tried again
 
 
 @ray.remote(num_cpus=0)
@@ -51,7 +51,7 @@ class ControlState:
     def __init__(self) -> None:
         self.version = 0
         self.served: list[dict[str, Any]] = []
-        self.reports: dict[str, tuple[float, int, dict[str, dict], dict[str, str]]] = {}
+        self.reports: dict[str, tuple[float, int, dict[str, dict]]] = {}
 
     def publish(self, served: list[dict[str, Any]]) -> int:
         self.version += 1
@@ -62,34 +62,17 @@ class ControlState:
         """The table if it is newer than ``known``; None otherwise (the common case)."""
         return (self.version, self.served) if self.version > known else None
 
-    def report(
-        self,
-        replica: str,
-        table_version: int,
-        counters: dict[str, dict],
-        unservable: dict[str, str] | None = None,
-    ) -> None:
-        """``unservable``: Triton models of the replica's table it could not load, and why."""
-        self.reports[replica] = (time.monotonic(), table_version, counters, unservable or {})
+    def report(self, replica: str, table_version: int, counters: dict[str, dict]) -> None:
+        self.reports[replica] = (time.monotonic(), table_version, counters)
 
     def snapshot(self) -> list[dict[str, dict]]:
-        return [report[2] for report in self.reports.values()]
+        return [counters for _, _, counters in self.reports.values()]
 
     def adopted(self, version: int) -> bool:
         """Every replica heard from lately runs ``version`` (or a newer table)."""
-        return all(report[1] >= version for report in self._live())
-
-    def unservable(self, version: int) -> dict[str, str]:
-        """The versions of table ``version`` some replica running it could not load."""
-        found: dict[str, str] = {}
-        for _, table_version, _, failed in self._live():
-            if table_version == version:
-                found.update(failed)
-        return found
-
-    def _live(self) -> list[tuple[float, int, dict[str, dict], dict[str, str]]]:
         now = time.monotonic()
-        return [r for r in self.reports.values() if now - r[0] < REPLICA_SILENT_AFTER_S]
+        live = [v for seen, v, _ in self.reports.values() if now - seen < REPLICA_SILENT_AFTER_S]
+        return all(v >= version for v in live)
 
 
 def control_state() -> ray.actor.ActorHandle:
@@ -114,7 +97,8 @@ class FrontendDeployment:
         self._served: list[ServedVersion] = []
         self._table_version = 0  # the table this replica routes by
         self._adopted = 0  # ... and the one it reports: once the versions it left are idle
-        self._unservable: dict[str, str] = {}  # Triton model -> why this replica cannot load it
+        self._unloadable: set[tuple[str, str]] = set()  # of the table: retried every so often
+        self._retried_at = 0.0
         self._telemetry = RayTelemetry()
         self._state = control_state()
         self._replica = serve.get_replica_context().replica_id.unique_id
@@ -169,7 +153,7 @@ class FrontendDeployment:
         registry = Registry(self._settings.tracking_uri)
         loaded: dict[tuple[str, str], ModelRuntime] = {}
         grouped: dict[str, list[ModelRuntime]] = {}
-        unservable: dict[str, str] = {}
+        unloadable: set[tuple[str, str]] = set()
         for version in served:
             key = (version.name, version.version)
             known = self._loaded.get(key)
@@ -180,12 +164,12 @@ class FrontendDeployment:
                     runtime = ModelRuntime.load(
                         version, registry, self._settings.artifact_cache_dir
                     )
-                except Exception as exc:
-                    # Left out of this replica's table, which the other versions still get;
-                    # the control plane takes it out of traffic once this is reported.
-                    log.exception("cannot serve %s v%s", version.name, version.version)
-                    model = triton_model_name(version.name, version.version)
-                    unservable[model] = f"{type(exc).__name__}: {exc}"
+                except Exception:
+                    # The control plane read these files before publishing the table, so
+                    # this is most likely passing (an artifact store hiccup): the other
+                    # versions go live now, this one is tried again shortly.
+                    log.exception("cannot load %s v%s yet", version.name, version.version)
+                    unloadable.add(key)
                     continue
             loaded[key] = runtime
             grouped.setdefault(version.name, []).append(runtime)
@@ -197,9 +181,10 @@ class FrontendDeployment:
         self._frontend = Frontend(
             self._settings, self._backend, models, telemetry=self._telemetry,
             monitors=self._monitors, has_table=table_version > 0,
+            loading=frozenset(name for name, _ in unloadable) - models.keys(),
         )  # fmt: skip
         self._loaded, self._served, self._table_version = loaded, served, table_version
-        self._unservable = unservable
+        self._unloadable, self._retried_at = unloadable, time.monotonic()
 
     async def _sync(self) -> None:
         """Pull new traffic tables and, apart from that (applying one can take a while:
@@ -213,6 +198,9 @@ class FrontendDeployment:
                     async with self._applying:
                         if await self._pull_table():
                             self._report()  # the control plane waits for this
+                        elif self._unloadable and time.monotonic() > self._retried_at + RETRY_S:
+                            table = (self._served, self._table_version)
+                            await asyncio.to_thread(self._apply, *table)
                 except Exception:  # the actor restarting, a registry hiccup: try again
                     log.exception("syncing the traffic table failed")
             await asyncio.sleep(POLL_INTERVAL_S)
@@ -229,7 +217,7 @@ class FrontendDeployment:
 
     def _report(self) -> None:
         counters = {k: c.to_dict() for k, c in self._monitors.counters.items()}
-        self._state.report.remote(self._replica, self._adopted, counters, self._unservable)
+        self._state.report.remote(self._replica, self._adopted, counters)
 
     async def _pull_table(self) -> bool:
         """Apply the control plane's table if it is newer than ours; whether it was."""

@@ -232,14 +232,13 @@ class Stack:
         self._decisions.inc(1, {"model": model, "decision": action})
 
     def _load_failed(self, version: ServedVersion, reason: str) -> None:
-        """A canary Triton or the replicas cannot load is rolled back at once; it never
-        gets traffic. ``reason`` says which could not (the Triton client's errors say so)."""
+        """A canary that cannot be loaded is rolled back at once; it never gets traffic.
+        ``reason`` says what failed (Triton's load, or reading the replicas' files)."""
         if version.role == CANARY and self.rollouts is not None:
             self.rollouts.rollback(version.name, reason)
 
-    def _deploy(self, served: list[ServedVersion]) -> dict[str, str]:
-        """Publish the traffic table; wait until every front-end replica runs it. Returns
-        the versions (Triton model names) some replica could not load, with why."""
+    def _deploy(self, served: list[ServedVersion]) -> None:
+        """Publish the traffic table; wait until every front-end replica runs it."""
         import ray
         from ray import serve
 
@@ -257,7 +256,6 @@ class Stack:
             30,
             f"front-end replicas adopting traffic table {version}",
         )
-        return ray.get(self.control_state.unservable.remote(version), timeout=5)
 
     def _prometheus_binary(self) -> str | None:
         p = self.config.prometheus

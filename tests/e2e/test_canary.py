@@ -155,13 +155,14 @@ def test_commands_refuse_what_makes_no_sense(stack, registry, tmp_path):
 
 @pytest.mark.parametrize(
     ("broken", "reason"),
-    [("onnx", "Triton could not load"), ("tokenizer", "front-end replicas could not load")],
+    [("onnx", "Triton could not load"), ("tokenizer", "its tokenizer, serving spec or drift")],
 )
 def test_a_canary_that_cannot_load_is_rolled_back_while_the_champion_answers(
     stack, http, registry, tmp_path, broken, reason
 ):
-    """A broken ONNX file fails in Triton; a broken tokenizer in the replicas, which still
-    take the other versions' table (before, they kept the old table for every model)."""
+    """A broken ONNX file fails in Triton; a broken tokenizer when the control plane reads
+    the replicas' files, before any table names the version (before, the replicas kept
+    their old table for every model)."""
     version = new_version(
         registry, tmp_path, corrupt=broken == "onnx", broken_tokenizer=broken == "tokenizer"
     )

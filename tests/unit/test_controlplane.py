@@ -4,6 +4,8 @@ what gets loaded, what traffic goes where, and what is unloaded when a load fail
 Loading real versions into a real Triton is covered in tests/e2e/test_stack.py.
 """
 
+import json
+
 from infergate.config import TritonSettings
 from infergate.controlplane import ControlPlane
 from infergate.registry import CANARY, CHAMPION, ServedVersion
@@ -11,7 +13,11 @@ from infergate.registry import CANARY, CHAMPION, ServedVersion
 
 class FakeTriton:
     def __init__(self) -> None:
+        self.loaded: list[str] = []
         self.unloaded: list[str] = []
+
+    def load(self, model: str, timeout_s: float) -> None:
+        self.loaded.append(model)
 
     def unload(self, model: str) -> None:
         self.unloaded.append(model)
@@ -24,7 +30,6 @@ class Plane(ControlPlane):
         self.tables: list[list[ServedVersion]] = []
         self.failures: list[tuple[str, str]] = []
         self.broken: set[str] = set()
-        self.replicas_cannot_load: dict[str, str] = {}
         self.wanted = desired
         super().__init__(
             registry=None,
@@ -32,7 +37,7 @@ class Plane(ControlPlane):
             triton_settings=TritonSettings(),
             repository=tmp_path,
             cache_dir=tmp_path,
-            deploy=self._deploy,
+            deploy=self.tables.append,
             desired=lambda: self.wanted,
             on_load_failure=lambda v, reason: self.failures.append((v.version, v.role)),
         )
@@ -40,11 +45,6 @@ class Plane(ControlPlane):
     def _load(self, version: ServedVersion, model: str) -> None:
         if model in self.broken:
             raise RuntimeError(f"{model} is corrupt")
-
-    def _deploy(self, table: list[ServedVersion]) -> dict[str, str]:
-        self.tables.append(table)
-        models = {f"{v.name}__v{v.version}" for v in table}
-        return {m: why for m, why in self.replicas_cannot_load.items() if m in models}
 
 
 def version(number: str, role: str = CHAMPION, weight: int = 100, name: str = "m") -> ServedVersion:
@@ -117,32 +117,44 @@ def test_a_version_registered_again_under_its_name_and_number_is_loaded_again(tm
     assert plane.tables[-1] == [again] and plane.serving["m__v1"] == again
 
 
-def test_a_canary_the_replicas_cannot_load_leaves_the_other_models_table_alone(tmp_path):
-    """Its tokenizer unreadable, say: Triton loaded it, the replicas could not."""
-    plane = Plane(tmp_path, [version("1"), version("1", name="n")])
-    plane.reconcile()
-    plane.wanted = [version("1", weight=90), version("2", CANARY, 10), version("2", name="n")]
-    plane.replicas_cannot_load = {"m__v2": "OSError: no tokenizer.json"}
+class FilesRegistry:
+    """Serves every version's artifacts from one folder (the part ``_load`` uses)."""
+
+    def __init__(self, folder) -> None:
+        self.folder = folder
+
+    def download(self, source: str, relative: str, dst):
+        return self.folder / relative
+
+    def load_spec(self, source: str, cache) -> dict:
+        return json.loads((self.folder / "infergate.json").read_text())
+
+
+def test_a_version_whose_tokenizer_cannot_be_read_never_reaches_triton(tmp_path):
+    """Replicas load the tokenizer, spec and drift reference; the control plane reads them
+    first, so such a version fails like one Triton cannot load (canary rolled back, a new
+    champion's traffic kept on the old one) instead of reaching the replicas' table."""
+    files = tmp_path / "files"
+    (files / "tokenizer").mkdir(parents=True)
+    (files / "tokenizer" / "tokenizer.json").write_text("this is not a tokenizer")
+    (files / "reference_stats.json").write_text("{}")
+    spec = {"task": "text-classification", "labels": ["a", "b"], "output_name": "logits",
+            "output_dim": 2, "max_length": 16}  # fmt: skip
+    (files / "infergate.json").write_text(json.dumps(spec))
+    triton = FakeTriton()
+    failures: list[str] = []
+    plane = ControlPlane(
+        registry=FilesRegistry(files),
+        triton=triton,
+        triton_settings=TritonSettings(),
+        repository=tmp_path / "repository",
+        cache_dir=tmp_path / "cache",
+        deploy=lambda table: None,
+        desired=lambda: [version("1", CANARY, 10)],
+        on_load_failure=lambda v, reason: failures.append(reason),
+    )
     result = plane.reconcile()
-    assert served(plane) == [("1", CHAMPION, 100)]
-    assert served(plane, "n") == [("2", CHAMPION, 100)]  # its new champion went out
-    assert plane.failures == [("2", CANARY)]
-    assert "could not load it: OSError: no tokenizer.json" in result.failed["m__v2"]
-    # Loaded into Triton this round, unloaded again; n's old champion is gone too.
-    assert sorted(plane.triton.unloaded) == ["m__v2", "n__v1"]
-    assert set(plane.serving) == {"m__v1", "n__v2"}
-
-
-def test_a_new_champion_the_replicas_cannot_load_leaves_the_old_one_serving(tmp_path):
-    plane = Plane(tmp_path, [version("1")])
-    plane.reconcile()
-    plane.wanted = [version("2")]
-    plane.replicas_cannot_load = {"m__v2": "OSError: no tokenizer.json"}
-    plane.reconcile()
-    first, second = ([(v.version, v.weight) for v in t] for t in plane.tables[-2:])
-    assert first == [("2", 100)] and second == [("1", 100)]
-    assert plane.triton.unloaded == ["m__v2"] and set(plane.serving) == {"m__v1"}
-    # Readable again: the next reconcile moves on to it.
-    plane.replicas_cannot_load = {}
-    plane.reconcile()
-    assert served(plane) == [("2", CHAMPION, 100)] and plane.triton.unloaded[-1] == "m__v1"
+    (reason,) = failures
+    assert reason.startswith("its tokenizer, serving spec or drift reference cannot be read")
+    assert result.failed == {"m__v1": reason} and result.served == []
+    assert triton.loaded == [] and not (tmp_path / "repository" / "m__v1").exists()
