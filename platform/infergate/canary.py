@@ -28,7 +28,7 @@ from infergate.rollout import (
     check_weight,
     start,
 )
-from infergate.stats import VersionCounters
+from infergate.stats import VersionCounters, VersionWindow
 
 log = logging.getLogger(__name__)
 AUTO_CANARY_TAG = "infergate.auto_canary"
@@ -97,6 +97,9 @@ class Rollouts:
         self.on_decision = on_decision or (lambda model, action: None)
         self._sources: dict[tuple[str, int, str], str] = {}
         self._baselines: dict[tuple[str, str, float], dict[str, VersionCounters]] = {}
+        # Per rollout (model, canary version): the champion's latest window with enough
+        # requests to judge by.
+        self._champion_windows: dict[tuple[str, str], VersionWindow] = {}
         # The latest analysis per model: every tick, while the tags change only with the
         # action (a write to MLflow every 2 s would be too many).
         self._analysis: dict[str, Decision] = {}
@@ -147,6 +150,7 @@ class Rollouts:
         summary = f"version {version} {verb}: {decision.reason}"
         self.registry.set_model_tags(name, {LAST_ROLLOUT_TAG: summary})
         self._analysis.pop(name, None)
+        self._champion_windows.pop((name, version), None)
         self._log(name, decision)
 
     def _sync_state(self, model: RegisteredModel) -> RolloutState | None:
@@ -263,8 +267,15 @@ class Rollouts:
             # this process first saw it, after a restart).
             baseline = self._baselines.setdefault(key, counters)
             canary = _window(counters, baseline, f"{model.name}/{state.canary_version}")
-            stable = _window(counters, baseline, f"{model.name}/{champion}")
-            decision = analyse(policy, state, canary.window(), stable.window(), self.clock())
+            stable = _window(counters, baseline, f"{model.name}/{champion}").window()
+            # With all traffic on the canary (the last step, 100 % by default) the champion
+            # gets none to compare with: its window of the last step that had enough stands in.
+            rollout = (model.name, state.canary_version)
+            if stable.requests >= policy.min_requests:
+                self._champion_windows[rollout] = stable
+            elif rollout in self._champion_windows:
+                stable = self._champion_windows[rollout]
+            decision = analyse(policy, state, canary.window(), stable, self.clock())
             if decision.action != "advance":  # an advance's figures are of a step now gone
                 self._analysis[model.name] = decision
             if decision.action == "promote":

@@ -4,6 +4,7 @@ and when a new version becomes the canary by itself.
 The same commands against the real MLflow registry and stack: tests/e2e/test_canary.py.
 """
 
+import numpy as np
 import pytest
 
 from infergate.canary import AUTO_CANARY_TAG, Rollouts
@@ -184,3 +185,35 @@ def test_a_model_deleted_and_registered_again_is_served_from_its_new_files():
     again = RegisteredModel("a", "text-classification", {CHAMPION: "1"}, {}, created=2)
     registry.register_again(again, run="run-2")  # version 1 again, other files
     assert [v.source for v in rollouts.desired()] == ["runs:/run-2/a/1"]
+
+
+def served_for(counters: VersionCounters, milliseconds: float, n: int) -> VersionCounters:
+    """``counters`` with ``n`` more requests of about ``milliseconds`` each, class 0."""
+    more = VersionCounters()
+    for i in range(n):
+        seconds = milliseconds * (0.8 + 0.4 * i / n) / 1e3
+        more.add(200, seconds, np.array([[2.0, 0.0]]), ["a", "b"])
+    return counters.merged(more)
+
+
+def test_the_last_step_is_judged_against_the_champion_of_the_step_before():
+    """At 100 % the champion gets no requests; a canary slow only there must not pass."""
+    policy = {"infergate.rollout.policy.steps": "50,100",
+              "infergate.rollout.policy.step_interval_s": "60"}  # fmt: skip
+    registry = MemoryRegistry(registered("a", policy, champion="1"))
+    now = [1000.0]
+    counters = {"a/1": VersionCounters(), "a/2": VersionCounters()}
+    rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=lambda: now[0])
+    rollouts.start("a", "2", weight=None, mode="auto")
+    rollouts.tick()  # the step's window starts here
+    counters["a/1"] = served_for(counters["a/1"], 10.0, 200)
+    counters["a/2"] = served_for(counters["a/2"], 10.0, 200)
+    now[0] += 61
+    assert [d.action for _, d in rollouts.tick()] == ["advance"]
+    assert rollouts.status("a").state.weight == 100
+    rollouts.tick()  # the 100 % step's window starts here
+    counters["a/2"] = served_for(counters["a/2"], 40.0, 200)
+    now[0] += 61
+    (decision,) = [d for _, d in rollouts.tick()]
+    assert decision.action == "rollback" and "p95 latency" in decision.reason
+    assert decision.figures["champion_requests"] == 200  # the 50 % step's
