@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from infergate.errors import InfergateError, InvalidInput
@@ -271,11 +271,16 @@ class Rollouts:
             # With all traffic on the canary (the last step, 100 % by default) the champion
             # gets none to compare with: its window of the last step that had enough stands in.
             rollout = (model.name, state.canary_version)
-            if stable.requests >= policy.min_requests:
-                self._champion_windows[rollout] = stable
-            elif rollout in self._champion_windows:
+            earlier = stable.requests < policy.min_requests and rollout in self._champion_windows
+            if earlier:
                 stable = self._champion_windows[rollout]
+            elif stable.requests >= policy.min_requests:
+                self._champion_windows[rollout] = stable
             decision = analyse(policy, state, canary.window(), stable, self.clock())
+            if earlier:
+                decision = replace(
+                    decision, reason=f"{decision.reason} (champion: an earlier step's figures)"
+                )
             if decision.action != "advance":  # an advance's figures are of a step now gone
                 self._analysis[model.name] = decision
             if decision.action == "promote":

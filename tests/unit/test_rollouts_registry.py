@@ -217,3 +217,4 @@ def test_the_last_step_is_judged_against_the_champion_of_the_step_before():
     (decision,) = [d for _, d in rollouts.tick()]
     assert decision.action == "rollback" and "p95 latency" in decision.reason
     assert decision.figures["champion_requests"] == 200  # the 50 % step's
+    assert decision.reason.endswith("(champion: an earlier step's figures)")
