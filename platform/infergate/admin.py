@@ -24,7 +24,7 @@ from starlette.routing import Route
 from infergate.canary import Rollouts
 from infergate.errors import InfergateError, InvalidInput, MalformedBody
 from infergate.frontend import error_response, json_response
-from infergate.webhooks import SeenDeliveries, Unauthorized, verify
+from infergate.webhooks import DeliveryUnderWay, SeenDeliveries, Unauthorized, verify
 
 log = logging.getLogger(__name__)
 ALIAS_EVENTS = {"model_version_alias.created", "model_version_alias.deleted"}
@@ -120,22 +120,27 @@ class AdminApi:
     def webhook(self, request: Request, body: bytes) -> dict[str, Any]:
         event = verify(self.webhook_secret, request.headers, body, self.clock())
         if not self.seen.first_time(event.delivery_id):
+            if self.seen.under_way(event.delivery_id):
+                raise DeliveryUnderWay(
+                    f"delivery {event.delivery_id} is still being handled; retry later"
+                )
             return {"status": "duplicate", "delivery_id": event.delivery_id}
         log.info("webhook %s %s", event.name, event.data)
-        if event.name == "model_version.created":
-            try:
+        try:
+            if event.name == "model_version.created":
                 with self._lock:
                     self.rollouts.on_version_created(
                         str(event.data.get("name")), str(event.data.get("version"))
                     )
-            except BaseException as exc:
-                # MLflow retries a 5xx (so the delivery is not marked as seen), not a 4xx:
-                # the log is the only place that tells of one.
-                self.seen.forget(event.delivery_id)
-                log.warning("webhook %s not acted on: %s", event.name, exc)
-                raise
-        if event.name in ALIAS_EVENTS or event.name == "model_version.created":
-            self.request_reconcile()
+            if event.name in ALIAS_EVENTS or event.name == "model_version.created":
+                self.request_reconcile()
+        except BaseException as exc:
+            # MLflow retries a 5xx (so the delivery is not marked as seen), not a 4xx:
+            # the log is the only place that tells of one.
+            self.seen.forget(event.delivery_id)
+            log.warning("webhook %s not acted on: %s", event.name, exc)
+            raise
+        self.seen.handled(event.delivery_id)
         return {"status": "accepted", "event": event.name}
 
     def status(self, request: Request, body: bytes) -> dict[str, Any]:

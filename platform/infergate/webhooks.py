@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,11 @@ DELIVERY_ID = "x-mlflow-delivery-id"
 class Unauthorized(InfergateError):
     status = 401
     kind = "unauthorized"
+
+
+class DeliveryUnderWay(InfergateError):
+    status = 503  # MLflow retries a 503, backing off
+    kind = "delivery_under_way"
 
 
 @dataclass(frozen=True)
@@ -78,20 +84,39 @@ def verify(
 
 
 class SeenDeliveries:
-    """The last ``size`` delivery ids, to ignore MLflow's retries of a delivered event."""
+    """The last ``size`` delivery ids, handled or being handled, for MLflow's retries.
+
+    MLflow retries a delivery that timed out (30 s by default) with the same id. A retry of
+    one handled is ignored; a retry of one still being handled (waiting for the control
+    plane's lock, say) is asked to come back, since the original may yet fail. Handlers run
+    on several threads.
+    """
 
     def __init__(self, size: int = 10_000) -> None:
         self.size = size
-        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._ids: OrderedDict[str, bool] = OrderedDict()  # id -> handled (False: under way)
+        self._lock = threading.Lock()
 
     def first_time(self, delivery_id: str) -> bool:
-        if delivery_id in self._ids:
-            return False
-        self._ids[delivery_id] = None
-        if len(self._ids) > self.size:
-            self._ids.popitem(last=False)
-        return True
+        """Whether ``delivery_id`` is new; if so it is now under way."""
+        with self._lock:
+            if delivery_id in self._ids:
+                return False
+            self._ids[delivery_id] = False
+            if len(self._ids) > self.size:
+                self._ids.popitem(last=False)
+            return True
+
+    def under_way(self, delivery_id: str) -> bool:
+        with self._lock:
+            return self._ids.get(delivery_id) is False
+
+    def handled(self, delivery_id: str) -> None:
+        with self._lock:
+            if delivery_id in self._ids:
+                self._ids[delivery_id] = True
 
     def forget(self, delivery_id: str) -> None:
         """A delivery that failed: MLflow's retry of it must be handled, not dropped."""
-        self._ids.pop(delivery_id, None)
+        with self._lock:
+            self._ids.pop(delivery_id, None)

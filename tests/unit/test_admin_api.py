@@ -90,3 +90,30 @@ def test_a_delivery_that_failed_is_handled_when_mlflow_retries_it(api):
     retried = client.post("/admin/webhooks/mlflow", content=body, headers=delivery(body, "d2"))
     assert retried.json()["status"] == "accepted"
     assert recorder.calls == [("created", "m", "4")] and reconciles == [1]
+
+
+def test_a_retry_of_a_delivery_still_under_way_is_asked_to_come_back(api):
+    """MLflow retries a delivery that timed out, maybe while the first attempt still waits
+    for the control plane's lock; that attempt may yet fail, so the retry is not told
+    'duplicate' (which would end MLflow's retries) but 503."""
+    client, recorder, reconciles = api
+    body = orjson.dumps({"entity": "model_version", "action": "created",
+                         "data": {"name": "m", "version": "5"}})  # fmt: skip
+    answers = []
+
+    def slow_then_failing(name, version):
+        # The retry arrives while this attempt is under way.
+        retry = client.post("/admin/webhooks/mlflow", content=body, headers=delivery(body, "d3"))
+        answers.append((retry.status_code, retry.json()["type"]))
+        raise ConnectionError("MLflow is restarting")
+
+    handled = recorder.on_version_created
+    recorder.on_version_created = slow_then_failing
+    first = client.post("/admin/webhooks/mlflow", content=body, headers=delivery(body, "d3"))
+    assert first.status_code == 500 and answers == [(503, "delivery_under_way")]
+    recorder.on_version_created = handled
+    later = client.post("/admin/webhooks/mlflow", content=body, headers=delivery(body, "d3"))
+    assert later.json()["status"] == "accepted"
+    after = client.post("/admin/webhooks/mlflow", content=body, headers=delivery(body, "d3"))
+    assert after.json()["status"] == "duplicate"
+    assert recorder.calls == [("created", "m", "5")] and reconciles == [1]
