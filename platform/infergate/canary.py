@@ -97,9 +97,9 @@ class Rollouts:
         self.on_decision = on_decision or (lambda model, action: None)
         self._sources: dict[tuple[str, int, str], str] = {}
         self._baselines: dict[tuple[str, str, float], dict[str, VersionCounters]] = {}
-        # Per rollout (model, canary version): the champion's latest window with enough
-        # requests to judge by.
-        self._champion_windows: dict[tuple[str, str], VersionWindow] = {}
+        # Per running rollout (model, its creation, canary, champion): the champion's
+        # latest window with enough requests to judge the 100 % step by.
+        self._champion_windows: dict[tuple[str, int, str, str], VersionWindow] = {}
         # The latest analysis per model: every tick, while the tags change only with the
         # action (a write to MLflow every 2 s would be too many).
         self._analysis: dict[str, Decision] = {}
@@ -150,7 +150,7 @@ class Rollouts:
         summary = f"version {version} {verb}: {decision.reason}"
         self.registry.set_model_tags(name, {LAST_ROLLOUT_TAG: summary})
         self._analysis.pop(name, None)
-        self._champion_windows.pop((name, version), None)
+        self._forget_windows(name)
         self._log(name, decision)
 
     def _sync_state(self, model: RegisteredModel) -> RolloutState | None:
@@ -164,6 +164,7 @@ class Rollouts:
             return None
         if state is None or state.canary_version != canary:
             state = start(canary, self._policy(model), self.clock())
+            self._forget_windows(model.name)
             self.registry.set_model_tags(model.name, state.to_tags())
             self._log(model.name, Decision("start", f"canary alias on version {canary}"))
         return state
@@ -256,6 +257,7 @@ class Rollouts:
         """One analysis round over every running rollout; returns the decisions taken."""
         decisions = []
         counters = self.stats()
+        running: set[tuple[str, int, str, str]] = set()
         for model in self.registry.models():
             state = RolloutState.from_tags(model.tags)
             champion = model.aliases.get(CHAMPION)
@@ -268,14 +270,19 @@ class Rollouts:
             baseline = self._baselines.setdefault(key, counters)
             canary = _window(counters, baseline, f"{model.name}/{state.canary_version}")
             stable = _window(counters, baseline, f"{model.name}/{champion}").window()
-            # With all traffic on the canary (the last step, 100 % by default) the champion
-            # gets none to compare with: its window of the last step that had enough stands in.
-            rollout = (model.name, state.canary_version)
-            earlier = stable.requests < policy.min_requests and rollout in self._champion_windows
+            # With all traffic on the canary the champion gets none to compare with: its
+            # latest window that had enough stands in (from the step before, 50 % by default).
+            rollout = (model.name, model.created, state.canary_version, champion)
+            running.add(rollout)
+            if stable.requests >= policy.min_requests:
+                self._champion_windows[rollout] = stable
+            earlier = (
+                state.weight >= 100
+                and stable.requests < policy.min_requests
+                and rollout in self._champion_windows
+            )
             if earlier:
                 stable = self._champion_windows[rollout]
-            elif stable.requests >= policy.min_requests:
-                self._champion_windows[rollout] = stable
             decision = analyse(policy, state, canary.window(), stable, self.clock())
             if earlier:
                 decision = replace(
@@ -297,7 +304,12 @@ class Rollouts:
                 self.registry.set_model_tags(model.name, new_state.to_tags())
             if decision.action in ("promote", "rollback", "advance"):
                 decisions.append((model.name, decision))
+        self._champion_windows = {k: w for k, w in self._champion_windows.items() if k in running}
         return decisions
+
+    def _forget_windows(self, name: str) -> None:
+        """Drop the champion windows of ``name``'s rollout: it ended or starts anew."""
+        self._champion_windows = {k: w for k, w in self._champion_windows.items() if k[0] != name}
 
     def on_version_created(self, name: str, version: str) -> None:
         """A new version of a model asking for automatic canaries becomes the canary."""

@@ -218,3 +218,32 @@ def test_the_last_step_is_judged_against_the_champion_of_the_step_before():
     assert decision.action == "rollback" and "p95 latency" in decision.reason
     assert decision.figures["champion_requests"] == 200  # the 50 % step's
     assert decision.reason.endswith("(champion: an earlier step's figures)")
+
+
+def test_an_earlier_window_stands_in_only_at_100_and_only_for_the_same_champion():
+    policy = {"infergate.rollout.policy.steps": "25,50,100",
+              "infergate.rollout.policy.step_interval_s": "60"}  # fmt: skip
+    registry = MemoryRegistry(registered("a", policy, champion="1"))
+    now = [1000.0]
+    counters = {key: VersionCounters() for key in ("a/1", "a/2", "a/3")}
+    rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=lambda: now[0])
+    rollouts.start("a", "2", weight=None, mode="auto")
+    rollouts.tick()
+    counters["a/1"] = served_for(counters["a/1"], 10.0, 200)
+    counters["a/2"] = served_for(counters["a/2"], 10.0, 200)
+    now[0] += 61
+    rollouts.tick()  # advance to 50 %
+    rollouts.tick()  # the 50 % step's window starts here
+    counters["a/2"] = served_for(counters["a/2"], 10.0, 40)
+    rollouts.tick()
+    fifty = rollouts.status("a").analysis
+    assert rollouts.status("a").state.weight == 50
+    assert fifty.figures["champion_requests"] == 0 and "earlier" not in fifty.reason
+    # At 100 % with another champion (its alias moved meanwhile): nothing of v1's stands in.
+    rollouts.set_weight("a", 100)
+    registry.set_alias("a", CHAMPION, "3")
+    rollouts.tick()
+    counters["a/2"] = served_for(counters["a/2"], 10.0, 40)
+    rollouts.tick()
+    hundred = rollouts.status("a").analysis
+    assert hundred.figures["champion_requests"] == 0 and "earlier" not in hundred.reason
