@@ -64,6 +64,12 @@ class BatchingBackend:
         self._lanes: dict[str, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # strong references while they run
 
+    @property
+    def idle(self) -> bool:
+        """No request waits in a lane and no call is out."""
+        lanes = self._lanes.values()
+        return not self._tasks and not any(lane.waiting or lane.in_flight for lane in lanes)
+
     async def infer(
         self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
     ) -> np.ndarray:

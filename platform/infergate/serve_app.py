@@ -28,7 +28,7 @@ from infergate.config import FrontendSettings, ServeSettings
 from infergate.errors import BackendUnavailable
 from infergate.frontend import Frontend, ServedModel, error_response
 from infergate.monitor import Monitors
-from infergate.registry import Registry, ServedVersion
+from infergate.registry import CHAMPION, Registry, ServedVersion
 from infergate.runtime import ModelRuntime, drain
 from infergate.telemetry import RayTelemetry
 from infergate.tokenization import tokenize_serially
@@ -41,6 +41,7 @@ STATE_NAMESPACE = "infergate"
 POLL_INTERVAL_S = 0.5
 REPORT_INTERVAL_S = 1.0
 REPLICA_SILENT_AFTER_S = 10.0  # a replica not heard from for this long is gone
+CLOSE_POLL_S = 1.0  # how often a replaced Triton channel is checked for calls still out
 RETRY_S = 5.0  # how often a version of the table this replica could not load is tried again
 
 
@@ -97,8 +98,9 @@ class FrontendDeployment:
         self._served: list[ServedVersion] = []
         self._table_version = 0  # the table this replica routes by
         self._adopted = 0  # ... and the one it reports: once the versions it left are idle
-        self._unloadable: set[tuple[str, str]] = set()  # of the table: retried every so often
+        self._unloadable: set[tuple[str, str]] = set()  # of the table: retried every RETRY_S
         self._retried_at = 0.0
+        self._retrying: asyncio.Task[None] | None = None
         self._telemetry = RayTelemetry()
         self._state = control_state()
         self._replica = serve.get_replica_context().replica_id.unique_id
@@ -126,8 +128,8 @@ class FrontendDeployment:
             settings.triton_grpc_url,
             settings.triton_timeout_s,
         ):
-            if isinstance(triton, TritonBackend):
-                self._close_later(triton)
+            if isinstance(triton, TritonBackend) and self._backend is not None:
+                self._close_later(self._backend, triton)
             triton = TritonBackend(settings.triton_grpc_url, settings.triton_timeout_s)
         # Calls in flight finish on the batcher they left from.
         self._backend = BatchingBackend(
@@ -135,12 +137,13 @@ class FrontendDeployment:
         )
         self._apply(self._served, self._table_version)
 
-    def _close_later(self, replaced: TritonBackend) -> None:
-        """Close a replaced Triton channel once the calls still out on it are over: each
-        ends within the backend's timeout."""
+    def _close_later(self, batcher: BatchingBackend, replaced: TritonBackend) -> None:
+        """Close a replaced Triton channel once ``batcher``, the last to call it, is idle:
+        requests that began before the switch still finish on it (closing cancels calls)."""
 
         async def close() -> None:
-            await asyncio.sleep(replaced.timeout_s)
+            while not batcher.idle:
+                await asyncio.sleep(CLOSE_POLL_S)
             await replaced.close()
 
         task = asyncio.get_running_loop().create_task(close())
@@ -149,42 +152,86 @@ class FrontendDeployment:
 
     def _apply(self, served: list[ServedVersion], table_version: int) -> None:
         """Build the front-end for ``served``, reusing versions already loaded."""
-        assert self._settings is not None and self._backend is not None
+        self._install(served, table_version, *self._load(served))
+
+    def _load(
+        self, served: list[ServedVersion]
+    ) -> tuple[dict[tuple[str, str], ModelRuntime], set[tuple[str, str]]]:
+        """The runtimes of ``served``, by (name, version): reused if loaded already, else
+        loaded (this blocks: downloads). Also the versions that could not be loaded."""
+        assert self._settings is not None
         registry = Registry(self._settings.tracking_uri)
-        loaded: dict[tuple[str, str], ModelRuntime] = {}
-        grouped: dict[str, list[ModelRuntime]] = {}
-        unloadable: set[tuple[str, str]] = set()
+        runtimes: dict[tuple[str, str], ModelRuntime] = {}
+        failed: set[tuple[str, str]] = set()
         for version in served:
             key = (version.name, version.version)
             known = self._loaded.get(key)
             if known and known.served.source == version.source:
-                runtime = known.with_served(version)
-            else:
-                try:
-                    runtime = ModelRuntime.load(
-                        version, registry, self._settings.artifact_cache_dir
-                    )
-                except Exception:
-                    # The control plane read these files before publishing the table, so
-                    # this is most likely passing (an artifact store hiccup): the other
-                    # versions go live now, this one is tried again shortly.
-                    log.exception("cannot load %s v%s yet", version.name, version.version)
-                    unloadable.add(key)
-                    continue
-            loaded[key] = runtime
+                runtimes[key] = known.with_served(version)
+                continue
+            try:
+                runtimes[key] = ModelRuntime.load(
+                    version, registry, self._settings.artifact_cache_dir
+                )
+            except Exception as exc:
+                # The control plane read these files before publishing the table, so
+                # this is most likely passing (an artifact store hiccup): the rest of the
+                # table goes live now, this version is tried again every RETRY_S.
+                if key in self._unloadable:
+                    log.warning("%s v%s still cannot be loaded: %s", *key, exc)
+                else:
+                    log.exception("cannot load %s v%s yet", *key)
+                failed.add(key)
+        return runtimes, failed
+
+    def _install(
+        self,
+        served: list[ServedVersion],
+        table_version: int,
+        runtimes: dict[tuple[str, str], ModelRuntime],
+        failed: set[tuple[str, str]],
+    ) -> None:
+        """Route by ``served`` with ``runtimes``. A model whose champion is among
+        ``failed`` answers 503 until it loads: its canary alone would take all of its
+        traffic. So does a model none of whose versions loaded."""
+        assert self._settings is not None and self._backend is not None
+        grouped: dict[str, list[ModelRuntime]] = {}
+        loading: set[str] = set()
+        for version in served:
+            runtime = runtimes.get((version.name, version.version))
+            if runtime is None:
+                if version.role == CHAMPION:
+                    loading.add(version.name)
+                continue
             grouped.setdefault(version.name, []).append(runtime)
             self._telemetry.weight(version.name, version.version, version.role, version.weight)
+        loading.update({v.name for v in served} - grouped.keys())
         models = {
             name: ServedModel(name, runtimes[0].spec.task, tuple(runtimes))
             for name, runtimes in grouped.items()
+            if name not in loading
         }
         self._frontend = Frontend(
             self._settings, self._backend, models, telemetry=self._telemetry,
-            monitors=self._monitors, has_table=table_version > 0,
-            loading=frozenset(name for name, _ in unloadable) - models.keys(),
+            monitors=self._monitors, has_table=table_version > 0, loading=frozenset(loading),
         )  # fmt: skip
-        self._loaded, self._served, self._table_version = loaded, served, table_version
-        self._unloadable, self._retried_at = unloadable, time.monotonic()
+        self._loaded, self._served, self._table_version = runtimes, served, table_version
+        self._unloadable, self._retried_at = failed, time.monotonic()
+
+    async def _retry_unloadable(self) -> None:
+        """Load the table's versions this replica could not load, off the table lock (a
+        download can hang for minutes, and a new table must not wait for it); install
+        them if the table is still the same."""
+        served, table_version = self._served, self._table_version
+        try:
+            loaded = await asyncio.to_thread(self._load, served)
+            async with self._applying:
+                if self._table_version == table_version:
+                    self._install(served, table_version, *loaded)
+        except Exception:
+            log.exception("loading the versions this replica lacks failed")
+        finally:
+            self._retried_at = time.monotonic()
 
     async def _sync(self) -> None:
         """Pull new traffic tables and, apart from that (applying one can take a while:
@@ -198,12 +245,20 @@ class FrontendDeployment:
                     async with self._applying:
                         if await self._pull_table():
                             self._report()  # the control plane waits for this
-                        elif self._unloadable and time.monotonic() > self._retried_at + RETRY_S:
-                            table = (self._served, self._table_version)
-                            await asyncio.to_thread(self._apply, *table)
+                    if self._retry_due():
+                        self._retrying = asyncio.get_running_loop().create_task(
+                            self._retry_unloadable()
+                        )
                 except Exception:  # the actor restarting, a registry hiccup: try again
                     log.exception("syncing the traffic table failed")
             await asyncio.sleep(POLL_INTERVAL_S)
+
+    def _retry_due(self) -> bool:
+        return (
+            bool(self._unloadable)
+            and (self._retrying is None or self._retrying.done())
+            and time.monotonic() > self._retried_at + RETRY_S
+        )
 
     async def _report_regularly(self) -> None:
         while True:

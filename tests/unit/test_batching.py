@@ -206,3 +206,26 @@ def test_a_caller_that_gave_up_is_skipped() -> None:
 def test_limits_must_be_positive() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         BatchingBackend(HeldBackend(), max_rows=0, max_in_flight=1)
+
+
+def test_a_batcher_is_idle_once_nothing_waits_and_no_call_is_out():
+    async def scenario() -> list[bool]:
+        release = asyncio.Event()
+
+        class Slow:
+            async def infer(self, model, input_ids, attention_mask, output_name):
+                await release.wait()
+                return np.zeros((input_ids.shape[0], 2), dtype=np.float32)
+
+        batcher = BatchingBackend(Slow(), max_rows=8, max_in_flight=1)
+        seen = [batcher.idle]
+        ids = np.ones((1, 4), dtype=np.int64)
+        calls = [asyncio.create_task(batcher.infer("m", ids, ids, "logits")) for _ in range(3)]
+        await asyncio.sleep(0)
+        seen.append(batcher.idle)  # one call out, two requests waiting
+        release.set()
+        await asyncio.gather(*calls)
+        seen.append(batcher.idle)
+        return seen
+
+    assert asyncio.run(scenario()) == [True, False, True]

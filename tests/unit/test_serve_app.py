@@ -15,8 +15,6 @@ from infergate.telemetry import NullTelemetry
 
 
 class Backend:
-    timeout_s = 0.05
-
     def __init__(self) -> None:
         self.closed = False
 
@@ -24,17 +22,19 @@ class Backend:
         self.closed = True
 
 
-def test_a_replaced_triton_channel_is_closed_once_its_calls_can_be_over():
+def test_a_replaced_triton_channel_is_closed_once_its_batcher_is_idle(monkeypatch):
+    monkeypatch.setattr(serve_app, "CLOSE_POLL_S", 0.01)
     replica = object.__new__(FrontendDeployment.func_or_class)
     replica._closing = set()
-    replaced = Backend()
+    replaced, batcher = Backend(), SimpleNamespace(idle=False)
 
     async def scenario() -> tuple[bool, bool]:
-        replica._close_later(replaced)
-        await asyncio.sleep(0.01)
-        early = replaced.closed  # a call still out may finish on it
-        await asyncio.sleep(0.1)
-        return early, replaced.closed
+        replica._close_later(batcher, replaced)
+        await asyncio.sleep(0.05)
+        while_busy = replaced.closed  # calls still out finish on it
+        batcher.idle = True
+        await asyncio.sleep(0.05)
+        return while_busy, replaced.closed
 
     assert asyncio.run(scenario()) == (False, True)
     assert replica._closing == set()
@@ -67,6 +67,8 @@ def replica_with_table(monkeypatch, tmp_path, broken: set[str]):
     replica._settings = FrontendSettings(artifact_cache_dir=tmp_path)
     replica._backend = object()
     replica._loaded = {}
+    replica._unloadable = set()
+    replica._applying = asyncio.Lock()
     replica._telemetry = NullTelemetry()
     replica._monitors = Monitors(replica._telemetry)
     return replica, loads
@@ -75,13 +77,15 @@ def replica_with_table(monkeypatch, tmp_path, broken: set[str]):
 def test_a_version_a_replica_cannot_load_leaves_the_rest_of_its_table_serving(
     monkeypatch, tmp_path
 ):
-    broken = {"2", "7"}
+    broken = {"2", "7", "8"}
     replica, loads = replica_with_table(monkeypatch, tmp_path, broken)
     table = [
         ServedVersion("a", "1", "text-classification", "src/a1", CHAMPION, 90),
         ServedVersion("a", "2", "text-classification", "src/a2", CANARY, 10),
         ServedVersion("b", "7", "text-classification", "src/b7"),
         ServedVersion("c", "3", "text-classification", "src/c3"),
+        ServedVersion("d", "8", "text-classification", "src/d8", CHAMPION, 90),
+        ServedVersion("d", "9", "text-classification", "src/d9", CANARY, 10),
     ]
     replica._apply(table, 5)
     frontend = replica._frontend
@@ -92,17 +96,38 @@ def test_a_version_a_replica_cannot_load_leaves_the_rest_of_its_table_serving(
     }  # a's canary share goes to its champion: pick() draws by the weights present
     with pytest.raises(BackendUnavailable, match="'b' is still loading"):
         frontend._model("b")
+    # Its canary alone would take all of d's traffic on this replica.
+    with pytest.raises(BackendUnavailable, match="'d' is still loading"):
+        frontend._model("d")
     with pytest.raises(ModelNotFound):
         frontend._model("nope")
     # Tried again later (the store answers by then); loaded versions are not loaded again.
-    assert replica._unloadable == {("a", "2"), ("b", "7")}
+    assert replica._unloadable == {("a", "2"), ("b", "7"), ("d", "8")}
     broken.clear()
     del loads[:]
-    replica._apply(replica._served, replica._table_version)
-    assert sorted(loads) == ["a v2", "b v7"] and replica._unloadable == set()
-    assert sorted(replica._frontend.models) == ["a", "b", "c"]
+    asyncio.run(replica._retry_unloadable())
+    assert sorted(loads) == ["a v2", "b v7", "d v8"] and replica._unloadable == set()
+    assert sorted(replica._frontend.models) == ["a", "b", "c", "d"]
     # Only a version whose files changed (registered again) is loaded anew.
     del loads[:]
     again = ServedVersion("c", "3", "text-classification", "src/c3-registered-again")
     replica._apply([*table[:3], again], 6)
     assert loads == ["c v3"]
+
+
+def test_a_retry_that_ends_after_a_new_table_arrived_changes_nothing(monkeypatch, tmp_path):
+    replica, _ = replica_with_table(monkeypatch, tmp_path, broken={"2"})
+    first = [ServedVersion("a", "2", "text-classification", "src/a2")]
+    replica._apply(first, 1)
+    second = [ServedVersion("a", "3", "text-classification", "src/a3")]
+
+    async def scenario() -> None:
+        retry = asyncio.create_task(replica._retry_unloadable())
+        await asyncio.sleep(0)  # the retry is loading, off the lock
+        async with replica._applying:
+            replica._apply(second, 2)
+        await retry
+
+    asyncio.run(scenario())
+    assert replica._table_version == 2
+    assert [r.served.version for r in replica._frontend.models["a"].versions] == ["3"]
