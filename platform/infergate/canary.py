@@ -284,7 +284,7 @@ class Rollouts:
             if earlier:
                 stable = self._champion_windows[rollout]
             decision = analyse(policy, state, canary.window(), stable, self.clock())
-            if earlier:
+            if earlier and decision.action != "promote":  # said of comparisons only
                 decision = replace(
                     decision, reason=f"{decision.reason} (champion: an earlier step's figures)"
                 )
