@@ -97,9 +97,9 @@ class Rollouts:
         self.on_decision = on_decision or (lambda model, action: None)
         self._sources: dict[tuple[str, int, str], str] = {}
         self._baselines: dict[tuple[str, str, float], dict[str, VersionCounters]] = {}
-        # Per running rollout (model, its creation, canary, champion): the champion's
-        # latest window with enough requests to judge the 100 % step by.
-        self._champion_windows: dict[tuple[str, int, str, str], VersionWindow] = {}
+        # Per model: the champion's latest window with enough requests to judge the 100 %
+        # step by, and the rollout it was taken in (the model's creation, canary, champion).
+        self._champion_windows: dict[str, tuple[tuple[int, str, str], VersionWindow]] = {}
         # The latest analysis per model: every tick, while the tags change only with the
         # action (a write to MLflow every 2 s would be too many).
         self._analysis: dict[str, Decision] = {}
@@ -150,7 +150,7 @@ class Rollouts:
         summary = f"version {version} {verb}: {decision.reason}"
         self.registry.set_model_tags(name, {LAST_ROLLOUT_TAG: summary})
         self._analysis.pop(name, None)
-        self._forget_windows(name)
+        self._champion_windows.pop(name, None)
         self._log(name, decision)
 
     def _sync_state(self, model: RegisteredModel) -> RolloutState | None:
@@ -164,7 +164,6 @@ class Rollouts:
             return None
         if state is None or state.canary_version != canary:
             state = start(canary, self._policy(model), self.clock())
-            self._forget_windows(model.name)
             self.registry.set_model_tags(model.name, state.to_tags())
             self._log(model.name, Decision("start", f"canary alias on version {canary}"))
         return state
@@ -257,7 +256,6 @@ class Rollouts:
         """One analysis round over every running rollout; returns the decisions taken."""
         decisions = []
         counters = self.stats()
-        running: set[tuple[str, int, str, str]] = set()
         for model in self.registry.models():
             state = RolloutState.from_tags(model.tags)
             champion = model.aliases.get(CHAMPION)
@@ -272,17 +270,17 @@ class Rollouts:
             stable = _window(counters, baseline, f"{model.name}/{champion}").window()
             # With all traffic on the canary the champion gets none to compare with: its
             # latest window that had enough stands in (from the step before, 50 % by default).
-            rollout = (model.name, model.created, state.canary_version, champion)
-            running.add(rollout)
+            rollout = (model.created, state.canary_version, champion)
             if stable.requests >= policy.min_requests:
-                self._champion_windows[rollout] = stable
+                self._champion_windows[model.name] = (rollout, stable)
+            taken_in, kept = self._champion_windows.get(model.name, (None, stable))
             earlier = (
                 state.weight >= 100
                 and stable.requests < policy.min_requests
-                and rollout in self._champion_windows
+                and taken_in == rollout
             )
             if earlier:
-                stable = self._champion_windows[rollout]
+                stable = kept
             decision = analyse(policy, state, canary.window(), stable, self.clock())
             if earlier and decision.action != "promote":  # said of comparisons only
                 decision = replace(
@@ -304,12 +302,7 @@ class Rollouts:
                 self.registry.set_model_tags(model.name, new_state.to_tags())
             if decision.action in ("promote", "rollback", "advance"):
                 decisions.append((model.name, decision))
-        self._champion_windows = {k: w for k, w in self._champion_windows.items() if k in running}
         return decisions
-
-    def _forget_windows(self, name: str) -> None:
-        """Drop the champion windows of ``name``'s rollout: it ended or starts anew."""
-        self._champion_windows = {k: w for k, w in self._champion_windows.items() if k[0] != name}
 
     def on_version_created(self, name: str, version: str) -> None:
         """A new version of a model asking for automatic canaries becomes the canary."""

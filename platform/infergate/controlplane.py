@@ -16,8 +16,8 @@ from pathlib import Path
 
 from infergate.config import TritonSettings
 from infergate.errors import InfergateError, RegistrationError
-from infergate.registry import CHAMPION, Registry, ServedVersion, version_cache
-from infergate.runtime import ModelRuntime
+from infergate.registry import CHAMPION, Registry, ServedVersion
+from infergate.runtime import ModelRuntime, version_cache
 from infergate.triton.client import TritonControl
 from infergate.triton.repository import remove_model, triton_model_name, write_model
 
@@ -108,21 +108,20 @@ class ControlPlane:
         try:
             # What every front-end replica loads, read here first: a version they could not
             # load must not reach their table (its model would answer 503 until it left).
-            ModelRuntime.load(version, self.registry, self.cache_dir)
+            spec = ModelRuntime.load(version, self.registry, self.cache_dir).spec
         except Exception as exc:
             raise RegistrationError(
                 "its tokenizer, serving spec or drift reference cannot be read: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         cache = version_cache(self.cache_dir, version)
-        spec = self.registry.load_spec(version.source, cache)
         onnx_path = self.registry.download(version.source, "model.onnx", cache)
         write_model(
             self.repository,
             model,
             onnx_path,
-            output_name=spec["output_name"],
-            output_dim=int(spec["output_dim"]),
+            output_name=spec.output_name,
+            output_dim=spec.output_dim,
             settings=self.triton_settings,
         )
         self.triton.load(model, timeout_s=self.triton_settings.load_timeout_s)

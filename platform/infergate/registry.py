@@ -12,7 +12,6 @@ A registered version's artifacts live under one folder (``model/``):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import tempfile
@@ -80,17 +79,6 @@ class ServedVersion:
             "role": self.role,
             "weight": self.weight,
         }
-
-
-def version_cache(root: Path, served: ServedVersion) -> Path:
-    """The folder under ``root`` that keeps one version's downloaded artifacts.
-
-    Keyed by the artifact URI as well as name and version: a model deleted and registered
-    again starts over at version 1 with other files, which must not be served from the
-    first one's copies.
-    """
-    digest = hashlib.sha256(served.source.encode()).hexdigest()[:16]
-    return root / f"{served.name}__v{served.version}" / digest
 
 
 class Registry:

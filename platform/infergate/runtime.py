@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ import numpy as np
 
 from infergate.errors import InvalidInput
 from infergate.postprocess import classification_outputs, l2_normalize, softmax
-from infergate.registry import REFERENCE_FILE, Registry, ServedVersion, version_cache
+from infergate.registry import REFERENCE_FILE, Registry, ServedVersion
 from infergate.tokenization import Batch, TextTokenizer
 from infergate.triton.repository import triton_model_name
 
@@ -22,6 +23,17 @@ class Backend(Protocol):
     async def infer(
         self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
     ) -> np.ndarray: ...
+
+
+def version_cache(root: Path, served: ServedVersion) -> Path:
+    """The folder under ``root`` that keeps one version's downloaded artifacts.
+
+    Keyed by the artifact URI as well as name and version: a model deleted and registered
+    again starts over at version 1 with other files, which must not be served from the
+    first one's copies.
+    """
+    digest = hashlib.sha256(served.source.encode()).hexdigest()[:16]
+    return root / triton_model_name(served.name, served.version) / digest
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Where a served version's artifacts are kept on the serving side."""
 
-from infergate.registry import ServedVersion, version_cache
+from infergate.registry import ServedVersion
+from infergate.runtime import version_cache
 
 
 def served(source: str, version: str = "1") -> ServedVersion:
