@@ -121,13 +121,16 @@ class Frontend:
         monitors: Monitors | None = None,
         has_table: bool = True,
         loading: frozenset[str] = frozenset(),
+        missing: tuple[str, ...] = (),
     ) -> None:
         """``has_table`` False: the control plane's traffic table has not arrived yet, so
         ``models`` is empty for now rather than for good. ``loading``: models of the table
-        none of whose versions this replica could load yet (it tries again)."""
+        this replica cannot serve yet (it tries again); ``missing``: the versions of the
+        table it could not load, as ``name vN``."""
         self.settings = settings
         self.has_table = has_table
         self.loading = loading
+        self.missing = missing
         self.backend = backend
         self.models = models
         self.limits = Limits(
@@ -195,7 +198,7 @@ class Frontend:
         start = time.perf_counter()
         # Unknown names share one label value so a scan of made-up names cannot blow up
         # the metrics' cardinality.
-        label = name if name in self.models else UNKNOWN_MODEL_LABEL
+        label = name if name in self.models or name in self.loading else UNKNOWN_MODEL_LABEL
         status, version, prediction = 500, "", None
         runtime: ModelRuntime | None = None
         try:
@@ -232,6 +235,8 @@ class Frontend:
         runtimes = [r for m in self.models.values() for r in m.versions]
         if not runtimes:
             raise BackendUnavailable("no model is served yet")
+        if self.missing:
+            raise BackendUnavailable(f"not ready: not loaded yet: {', '.join(self.missing)}")
         now = time.monotonic()
         if now - self._ready_at > READINESS_CACHE_S:
             answers = await asyncio.gather(*(self._probe(r) for r in runtimes))

@@ -214,6 +214,7 @@ class FrontendDeployment:
         self._frontend = Frontend(
             self._settings, self._backend, models, telemetry=self._telemetry,
             monitors=self._monitors, has_table=table_version > 0, loading=frozenset(loading),
+            missing=tuple(f"{name} v{version}" for name, version in sorted(failed)),
         )  # fmt: skip
         self._loaded, self._served, self._table_version = runtimes, served, table_version
         self._unloadable, self._retried_at = failed, time.monotonic()

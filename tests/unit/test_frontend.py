@@ -65,6 +65,23 @@ def test_a_replica_without_its_table_answers_503_not_404():
     assert answer.status_code == 404 and answer.json()["type"] == "model_not_found"
 
 
+def test_a_replica_missing_versions_of_its_table_is_not_ready_and_counts_them_by_model():
+    recorder = Recorder()
+    recorder.labels = []
+    recorder.request = lambda model, *rest: recorder.labels.append(model)
+    runtime = StuckRuntime()
+    model = ServedModel("m", "text-classification", (runtime,))  # type: ignore[arg-type]
+    frontend = Frontend(FrontendSettings(), None, {"m": model}, telemetry=recorder,
+                        loading=frozenset({"b"}), missing=("b v7", "m v2"))  # type: ignore[arg-type]  # fmt: skip
+    client = TestClient(asgi(frontend))
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and "b v7, m v2" in ready.json()["error"]
+    assert not runtime.called.is_set()  # no probe while versions are missing
+    assert client.post("/v1/models/b/predict", json={"inputs": "hi"}).status_code == 503
+    assert client.post("/v1/models/nope/predict", json={"inputs": "hi"}).status_code == 404
+    assert recorder.labels == ["b", "_unknown"]
+
+
 def test_a_client_that_goes_away_is_recorded_as_499():
     asyncio.run(_client_goes_away())
 

@@ -103,11 +103,13 @@ def test_a_version_a_replica_cannot_load_leaves_the_rest_of_its_table_serving(
         frontend._model("nope")
     # Tried again later (the store answers by then); loaded versions are not loaded again.
     assert replica._unloadable == {("a", "2"), ("b", "7"), ("d", "8")}
+    assert frontend.missing == ("a v2", "b v7", "d v8")  # /readyz names them
     broken.clear()
     del loads[:]
     asyncio.run(replica._retry_unloadable())
     assert sorted(loads) == ["a v2", "b v7", "d v8"] and replica._unloadable == set()
     assert sorted(replica._frontend.models) == ["a", "b", "c", "d"]
+    assert replica._frontend.missing == ()
     # Only a version whose files changed (registered again) is loaded anew.
     del loads[:]
     again = ServedVersion("c", "3", "text-classification", "src/c3-registered-again")
