@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import logging.handlers
 import time
 from typing import Any
 
@@ -91,6 +92,7 @@ class FrontendDeployment:
 
     async def __init__(self) -> None:
         tokenize_serially()
+        log_to_replica_file()
         self._settings: FrontendSettings | None = None
         self._frontend: Frontend | None = None
         self._backend: BatchingBackend | None = None
@@ -317,6 +319,23 @@ class FrontendDeployment:
         """Ray Serve calls this when the replica shuts down: hand Ray the last totals."""
         with contextlib.suppress(Exception):
             self._telemetry.flush()
+
+
+def log_to_replica_file() -> None:
+    """Write infergate's log records to this replica's log file, as Ray Serve does its own.
+
+    Ray Serve gives only its ``ray.serve`` logger a handler in a replica: the records of
+    other loggers reached no file, warnings and tracebacks included. Its records wait in a
+    buffer (a thousand of them when tuned for throughput, as here) until an error flushes
+    it; ours are few and must show when they happen, so they go to the file at once."""
+    ours = logging.getLogger("infergate")
+    ours.setLevel(logging.INFO)
+    ours.propagate = False
+    for handler in logging.getLogger("ray.serve").handlers:
+        if isinstance(handler, logging.handlers.MemoryHandler) and handler.target is not None:
+            handler = handler.target
+        if handler not in ours.handlers:
+            ours.addHandler(handler)
 
 
 def replica_options(serve_settings: ServeSettings) -> dict[str, Any]:

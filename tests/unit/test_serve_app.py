@@ -1,6 +1,8 @@
 """Pieces of the front-end deployment that need no running Ray."""
 
 import asyncio
+import logging
+import logging.handlers
 from types import SimpleNamespace
 
 import pytest
@@ -133,3 +135,22 @@ def test_a_retry_that_ends_after_a_new_table_arrived_changes_nothing(monkeypatch
     asyncio.run(scenario())
     assert replica._table_version == 2
     assert [r.served.version for r in replica._frontend.models["a"].versions] == ["3"]
+
+
+def test_infergate_records_reach_the_replica_log_file_unbuffered(tmp_path):
+    serve_logger, ours = logging.getLogger("ray.serve"), logging.getLogger("infergate")
+    saved = (serve_logger.handlers[:], ours.handlers[:], ours.level, ours.propagate)
+    path = tmp_path / "replica.log"
+    file_handler = logging.FileHandler(path)
+    # What Ray Serve sets up in a replica: a buffer in front of the file.
+    serve_logger.handlers = [logging.handlers.MemoryHandler(1000, target=file_handler)]
+    try:
+        serve_app.log_to_replica_file()
+        serve_app.log_to_replica_file()  # a second replica in the same process adds nothing
+        logging.getLogger("infergate.frontend").info("table 3: ['a v1']")
+        assert path.read_text() == "table 3: ['a v1']\n"
+    finally:
+        file_handler.close()
+        serve_logger.handlers, ours.handlers = saved[0], saved[1]
+        ours.setLevel(saved[2])
+        ours.propagate = saved[3]
