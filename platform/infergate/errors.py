@@ -66,6 +66,13 @@ class MethodNotAllowed(InfergateError):
     kind = "method_not_allowed"
 
 
+class ClientClosedRequest(InfergateError):
+    """The client went away before its request was read (nginx's 499: nobody gets it)."""
+
+    status = 499
+    kind = "client_closed_request"
+
+
 class BackendUnavailable(InfergateError):
     """Triton is down or not ready. The body never carries internals."""
 

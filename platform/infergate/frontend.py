@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from infergate.config import FrontendSettings
 from infergate.errors import (
     BackendUnavailable,
+    ClientClosedRequest,
     InfergateError,
     MethodNotAllowed,
     ModelNotFound,
@@ -41,7 +42,7 @@ READINESS_CACHE_S = 1.0
 UNKNOWN_MODEL_LABEL = "_unknown"
 # Status recorded for a request whose client went away before the answer (nginx's 499);
 # no response is sent.
-CLIENT_CLOSED_REQUEST = 499
+CLIENT_CLOSED_REQUEST = ClientClosedRequest.status
 
 
 @dataclass(frozen=True)
@@ -267,11 +268,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
     if declared and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect as exc:
+        raise ClientClosedRequest("the client went away before sending the whole body") from exc
     return b"".join(chunks)
 
 

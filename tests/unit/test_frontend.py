@@ -107,6 +107,27 @@ async def _client_goes_away() -> None:
     assert recorder.monitored == [CLIENT_CLOSED_REQUEST]  # counted, its wait too; no error
 
 
+def test_a_client_that_goes_away_while_sending_its_body_is_recorded_as_499():
+    runtime, recorder = StuckRuntime(), Recorder()
+    model = ServedModel("m", "text-classification", (runtime,))  # type: ignore[arg-type]
+    frontend = Frontend(FrontendSettings(), None, {"m": model}, telemetry=recorder,
+                        monitors=recorder)  # type: ignore[arg-type]  # fmt: skip
+    messages = iter([
+        {"type": "http.request", "body": b'{"inputs": "h', "more_body": True},
+        {"type": "http.disconnect"},
+    ])  # fmt: skip
+
+    async def receive():
+        return next(messages)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/models/m/predict", "query_string": b"",
+             "headers": [(b"content-type", b"application/json")]}  # fmt: skip
+    answer = asyncio.run(frontend.handle(Request(scope, receive)))
+    assert answer.status_code == CLIENT_CLOSED_REQUEST
+    assert recorder.requests == [CLIENT_CLOSED_REQUEST]  # not a 500 of the model's
+    assert not runtime.called.is_set()
+
+
 class Busy:
     """A runtime with requests in flight until ``done`` runs."""
 
