@@ -176,7 +176,11 @@ class Rollouts:
         """Make ``version`` the canary. ``strict``: refuse a policy tag that cannot be
         read (a user's command) rather than fall back to the defaults (a webhook's)."""
         model = self.registry.model(name)
-        self.registry.version_source(name, version)  # raises for an unknown version
+        task = self.registry.version_task(name, version)  # raises for an unknown version
+        if task and task != model.task:
+            raise InvalidInput(
+                f"version {version} of {name!r} is a {task} model; {name!r} serves {model.task}"
+            )
         current = RolloutState.from_tags(model.tags)
         if current is not None and _rolling_out(model):
             raise RolloutConflict(

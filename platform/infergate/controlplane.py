@@ -114,6 +114,10 @@ class ControlPlane:
                 "its tokenizer, serving spec or drift reference cannot be read: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+        if spec.task != version.task:  # registered by hand, or before register refused it
+            raise RegistrationError(
+                f"it is a {spec.task} model; {version.name} serves {version.task}"
+            )
         cache = version_cache(self.cache_dir, version)
         onnx_path = self.registry.download(version.source, "model.onnx", cache)
         write_model(

@@ -118,6 +118,13 @@ def register_model(
         raise RegistrationError(f"task {task!r} is not supported; choose one of {list(TASKS)}")
     if not name or name != name.strip() or "/" in name:
         raise RegistrationError(f"model name {name!r} is not valid; use letters, digits, - or _")
+    if alias == "":
+        raise RegistrationError("--alias needs a name, such as champion")
+    if registry.has_model(name) and (served := registry.model(name).task) != task:
+        # Its clients read one kind of output; a version of another task would break them.
+        raise RegistrationError(
+            f"model {name!r} is a {served} model; register this {task} model under another name"
+        )
     texts = read_texts(reference_texts or DEFAULT_REFERENCE_TEXTS)
     with tempfile.TemporaryDirectory(prefix="infergate-register-") as tmp:
         work = Path(tmp)

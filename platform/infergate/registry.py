@@ -144,6 +144,13 @@ class Registry:
         except (MlflowException, RestException):
             raise ModelNotFound(f"model {name!r} has no version {version!r}") from None
 
+    def version_task(self, name: str, version: str) -> str:
+        """The task ``version`` was registered for ("" if it carries no task tag)."""
+        try:
+            return self.client.get_model_version(name, version).tags.get(TASK_TAG, "")
+        except (MlflowException, RestException):
+            raise ModelNotFound(f"model {name!r} has no version {version!r}") from None
+
     def set_alias(self, name: str, alias: str, version: str) -> None:
         self.client.set_registered_model_alias(name, alias, version)
 

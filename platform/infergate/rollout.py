@@ -179,6 +179,14 @@ def analyse(
             f"(allowed +{policy.max_error_rate_increase:.1%})",
             figures,
         )
+    ours, theirs = len(canary.output_shares), len(champion.output_shares)
+    if ours and theirs and ours != theirs:  # no chance in this: said at once
+        return Decision(
+            "rollback",
+            f"its outputs cannot be compared with the champion's ({ours} classes against "
+            f"{theirs}); roll it out by hand (canary start --manual)",
+            figures,
+        )
     # Latency and outputs are statistics of samples: judged at every tick, chance alone
     # would fail an equal version sooner or later. They are judged once, over the whole
     # step; the figures show how they stand meanwhile.
@@ -223,7 +231,7 @@ def _output_failure(
     policy: RolloutPolicy, canary: VersionWindow, champion: VersionWindow, figures: dict
 ) -> str | None:
     """Why the canary's outputs differ too much from the champion's, or None."""
-    if not canary.output_shares or len(canary.output_shares) != len(champion.output_shares):
+    if not canary.output_shares or not champion.output_shares:
         return None
     divergence = psi(champion.output_shares, canary.output_shares)
     figures["output_psi"] = divergence

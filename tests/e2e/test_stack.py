@@ -216,6 +216,23 @@ def test_registration_errors_are_one_clear_line(stack, tmp_path, make_source, ta
     assert not MlflowClient(stack.mlflow).search_registered_models(filter_string="name='broken'")
 
 
+def test_a_model_keeps_its_task_and_an_alias_needs_a_name(stack, tmp_path):
+    client = MlflowClient(stack.mlflow)
+    before = len(client.search_model_versions("name='sentiment'"))
+    refused = stack.cli(
+        "register", str(tmp_path), "--name", "sentiment", "--task", "feature-extraction",
+        "--quiet", "--tracking-uri", stack.mlflow,
+    )  # fmt: skip
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "'sentiment' is a text-classification model" in refused.stderr
+    no_alias = stack.cli(
+        "register", str(tmp_path), "--name", "sentiment", "--task", "text-classification",
+        "--alias", "", "--quiet", "--tracking-uri", stack.mlflow,
+    )  # fmt: skip
+    assert no_alias.returncode == 1 and "--alias needs a name" in no_alias.stderr
+    assert len(client.search_model_versions("name='sentiment'")) == before
+
+
 def test_unknown_task_is_refused(stack):
     result = stack.cli("register", ".", "--name", "x", "--task", "translation")
     assert result.returncode == 2 and "invalid choice" in result.stderr

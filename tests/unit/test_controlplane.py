@@ -5,7 +5,9 @@ Loading real versions into a real Triton is covered in tests/e2e/test_stack.py.
 """
 
 import json
+from types import SimpleNamespace
 
+from infergate import controlplane
 from infergate.config import TritonSettings
 from infergate.controlplane import ControlPlane
 from infergate.registry import CANARY, CHAMPION, ServedVersion
@@ -158,3 +160,24 @@ def test_a_version_whose_tokenizer_cannot_be_read_never_reaches_triton(tmp_path)
     assert reason.startswith("its tokenizer, serving spec or drift reference cannot be read")
     assert result.failed == {"m__v1": reason} and result.served == []
     assert triton.loaded == [] and not (tmp_path / "repository" / "m__v1").exists()
+
+
+def test_a_version_of_another_task_than_its_model_never_reaches_triton(tmp_path, monkeypatch):
+    """An embedding model made the canary of a classifier would answer half its clients
+    with vectors: it fails like a version Triton cannot load."""
+    embedding = SimpleNamespace(spec=SimpleNamespace(task="feature-extraction"))
+    monkeypatch.setattr(controlplane.ModelRuntime, "load", lambda *args: embedding)
+    triton, failures = FakeTriton(), []
+    plane = ControlPlane(
+        registry=None,
+        triton=triton,
+        triton_settings=TritonSettings(),
+        repository=tmp_path / "repository",
+        cache_dir=tmp_path / "cache",
+        deploy=lambda table: None,
+        desired=lambda: [version("5", CANARY, 10)],  # of a text-classification model
+        on_load_failure=lambda v, reason: failures.append(reason),
+    )
+    result = plane.reconcile()
+    assert failures == ["it is a feature-extraction model; m serves text-classification"]
+    assert result.served == [] and triton.loaded == []

@@ -124,6 +124,16 @@ def test_output_divergence_rolls_back_at_the_end_of_the_step():
     assert decision.figures["output_psi"] == pytest.approx(0.4 * 0.587787 + 0.4 * 1.609438, 1e-4)
 
 
+def test_a_canary_with_other_classes_is_rolled_back_at_once_not_passed():
+    state = start("2", POLICY, 0.0)
+    three_classes = window(output_shares=(0.0, 0.0, 1.0))  # answers a class of its own
+    decision = analyse(POLICY, state, three_classes, HEALTHY, 1.0)
+    assert decision.action == "rollback"
+    assert "3 classes against 2" in decision.reason and "--manual" in decision.reason
+    manual = start("2", POLICY, 0.0, mode="manual", weight=30)
+    assert analyse(POLICY, manual, three_classes, HEALTHY, 1.0).action == "hold"
+
+
 def test_manual_mode_holds():
     state = start("2", POLICY, 0.0, mode="manual", weight=30)
     assert state.weight == 30

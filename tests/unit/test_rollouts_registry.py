@@ -19,6 +19,7 @@ class MemoryRegistry:
     def __init__(self, *models: RegisteredModel) -> None:
         self._models = {m.name: m for m in models}
         self._runs = {m.name: "run-1" for m in models}
+        self.tasks: dict[tuple[str, str], str] = {}  # versions of another task than their model
 
     def models(self) -> list[RegisteredModel]:
         return list(self._models.values())
@@ -28,6 +29,9 @@ class MemoryRegistry:
 
     def version_source(self, name: str, version: str) -> str:
         return f"runs:/{self._runs[name]}/{name}/{version}"
+
+    def version_task(self, name: str, version: str) -> str:
+        return self.tasks.get((name, version), self._models[name].task)
 
     def register_again(self, model: RegisteredModel, run: str) -> None:
         """Delete ``model.name`` and register it again; its versions come from ``run``."""
@@ -247,3 +251,14 @@ def test_an_earlier_window_stands_in_only_at_100_and_only_for_the_same_champion(
     rollouts.tick()
     hundred = rollouts.status("a").analysis
     assert hundred.figures["champion_requests"] == 0 and "earlier" not in hundred.reason
+
+
+def test_a_version_of_another_task_is_refused_as_the_canary():
+    registry = MemoryRegistry(registered("a", champion="1"))
+    registry.tasks[("a", "5")] = "feature-extraction"
+    rollouts = Rollouts(registry, lambda: {})  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="version 5 of 'a' is a feature-extraction model"):
+        rollouts.start("a", "5", weight=None, mode="auto")
+    assert CANARY not in registry.model("a").aliases
+    rollouts.start("a", "6", weight=None, mode="auto")  # one of its own task
+    assert registry.model("a").aliases[CANARY] == "6"
