@@ -54,6 +54,12 @@ class ControlPlane:
         self.deploy = deploy
         self.serving: dict[str, ServedVersion] = {}
         self._deployed = False
+        self._reload_all = False
+
+    def triton_restarted(self, triton: TritonControl) -> None:
+        """Triton came back empty: the next reconcile loads every version again."""
+        self.triton = triton
+        self._reload_all = True
 
     def reconcile(self) -> ReconcileResult:
         result = ReconcileResult()
@@ -62,7 +68,8 @@ class ControlPlane:
         for version in desired:
             model = triton_model_name(version.name, version.version)
             # The same name and version from other files: deleted and registered again.
-            if model not in self.serving or self.serving[model].source != version.source:
+            known = self.serving.get(model)
+            if self._reload_all or known is None or known.source != version.source:
                 try:
                     self._load(version, model)
                 except Exception as exc:  # any failure keeps the version away from traffic
@@ -80,6 +87,7 @@ class ControlPlane:
             remove_model(self.repository, model)
             result.unloaded.append(model)
         self.serving = new_serving
+        self._reload_all = False
         return result
 
     def _failed(

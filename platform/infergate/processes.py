@@ -45,6 +45,9 @@ class Child:
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the child's whole process group, SIGKILL what is left after the timeout."""
         if self.popen.poll() is not None:
+            # Its group may outlive it (Triton's model stubs): nothing of it may stay.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, signal.SIGTERM)

@@ -48,6 +48,8 @@ from infergate.triton.server import (
 
 log = logging.getLogger(__name__)
 STATE_FILE = "stack.json"
+RESTART_LIMIT = 3  # restarts of one component within RESTART_WINDOW_S before giving up
+RESTART_WINDOW_S = 600.0
 PROMETHEUS_TEMPLATE = PROJECT_ROOT / "deployments" / "prometheus.yml"
 
 MLFLOW_ENV = {
@@ -108,6 +110,7 @@ class Stack:
         self._reconcile_lock = threading.RLock()
         self._wake = threading.Event()  # set by webhooks: reconcile now
         self._decisions: Any = None
+        self._restarts: dict[str, list[float]] = {}  # component -> when it was started again
 
     # -- start -------------------------------------------------------------------------
 
@@ -325,8 +328,8 @@ class Stack:
         return path
 
     def watch(self, stop_requested: list[bool]) -> None:
-        """Block until asked to stop: analyse rollouts, reconcile now and then, and raise
-        if a component dies."""
+        """Block until asked to stop: analyse rollouts, reconcile now and then, and start
+        again a component that exited (raise if one keeps exiting)."""
         reconcile_every = self.config.reconcile_interval_s
         analyse_every = self.config.admin.analysis_interval_s
         next_reconcile = time.monotonic() + reconcile_every
@@ -347,13 +350,40 @@ class Stack:
                     self.reconcile()
             except Exception:  # the registry may be briefly unreachable; try next time
                 log.exception("control loop round failed")
-            for child in self.children:
-                if not child.alive():
-                    raise StackError(
-                        f"{child.name} exited with code {child.popen.returncode}; "
-                        f"last lines of {child.log_path}:\n{child.log_tail()}"
-                    )
+            for child in [c for c in self.children if not c.alive()]:
+                self._start_again(child)
             self._wake.wait(0.5)
+
+    def _start_again(self, child: Child) -> None:
+        """Start a component that exited, as a supervisor would (requests meanwhile get
+        503s, not refused connections); after RESTART_LIMIT restarts of it within
+        RESTART_WINDOW_S, stop the stack instead."""
+        now = time.monotonic()
+        recent = [t for t in self._restarts.get(child.name, []) if now - t < RESTART_WINDOW_S]
+        exited = (
+            f"{child.name} exited with code {child.popen.returncode}; "
+            f"last lines of {child.log_path}:\n{child.log_tail()}"
+        )
+        if len(recent) >= RESTART_LIMIT:
+            raise StackError(
+                f"{exited}\nit was started again {len(recent)} times in the last "
+                f"{RESTART_WINDOW_S:.0f} s; giving up"
+            )
+        self._restarts[child.name] = [*recent, now]
+        log.error("%s\nstarting %s again", exited, child.name)
+        child.stop()  # what is left of its process group
+        self.children.remove(child)
+        start = {
+            "mlflow": self._start_mlflow,
+            "triton": self._start_triton,
+            "prometheus": self._start_prometheus,
+        }[child.name]
+        with self._reconcile_lock:
+            start()
+            if child.name == "triton" and self.control_plane is not None:
+                self.control_plane.triton_restarted(self.triton_control)
+                self.reconcile()  # it came back empty
+        log.info("%s runs again", child.name)
 
     # -- stop --------------------------------------------------------------------------
 

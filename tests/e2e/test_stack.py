@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -365,3 +366,31 @@ def test_second_stack_on_busy_ports_fails_clearly(stack, tmp_path):
     assert result.returncode == 1
     assert "already in use" in result.stderr and "INFERGATE_" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_triton_killed_is_started_again_and_serves_meanwhile_with_503s(stack, http):
+    (triton,) = [
+        pid
+        for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+        if (cmdline := _cmdline(pid)).startswith("/") and "tritonserver" in cmdline.split()[0]
+        and str(stack.state_dir) in cmdline
+    ]  # fmt: skip
+    os.kill(triton, signal.SIGKILL)
+    statuses: list[int] = []
+
+    def answers() -> bool:
+        statuses.append(predict(http, "sentiment", "a fine film").status_code)
+        return statuses[-1] == 200
+
+    wait_for(answers, 120, "sentiment answering after Triton was killed", interval_s=0.2)
+    assert set(statuses) <= {200, 503} and 503 in statuses, statuses  # no refused connection
+    wait_for(lambda: http.get("/readyz").status_code == 200, 60, "every model ready again")
+    log = (stack.state_dir / "logs" / "up.log").read_text()
+    assert "starting triton again" in log and "triton runs again" in log
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""

@@ -181,3 +181,14 @@ def test_a_version_of_another_task_than_its_model_never_reaches_triton(tmp_path,
     result = plane.reconcile()
     assert failures == ["it is a feature-extraction model; m serves text-classification"]
     assert result.served == [] and triton.loaded == []
+
+
+def test_after_triton_restarted_every_served_version_is_loaded_again(tmp_path):
+    plane = Plane(tmp_path, [version("1", weight=90), version("2", CANARY, 10)])
+    plane.reconcile()
+    assert plane.reconcile().loaded == []  # nothing new
+    restarted = FakeTriton()
+    plane.triton_restarted(restarted)  # type: ignore[arg-type]
+    assert plane.triton is restarted and plane.reconcile().loaded == ["m__v1", "m__v2"]
+    assert len(plane.tables) == 1  # the replicas' table did not change
+    assert plane.reconcile().loaded == []
