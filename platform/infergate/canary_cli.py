@@ -26,7 +26,13 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict | None = 
         raise StackError(
             f"the control plane at {url} does not answer; is `infergate up` running?"
         ) from None
-    data = response.json()
+    try:
+        data = response.json()
+    except ValueError:
+        raise StackError(
+            f"{url} answered {response.status_code} with no JSON: is it infergate's admin "
+            "API (port 8104 by default)?"
+        ) from None
     if response.status_code >= 400:
         raise CommandFailed(data.get("error", response.text))
     return data

@@ -202,7 +202,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="infergate", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="infergate", description="Run the serving stack, register models, roll them out."
+    )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", type=Path, help="YAML config (default deployments/local.yaml)")
     common.add_argument("--state-dir", type=Path, help="folder for logs and runtime state")

@@ -200,5 +200,9 @@ def describe(registered: Registered) -> str:
     r = asdict(registered)
     return (
         f"registered {r['name']} version {r['version']} ({r['task']}, {r['precision']}, "
-        f"{r['onnx_bytes'] / 1e6:.1f} MB ONNX, parity {r['parity_check']})"
+        f"{_size(r['onnx_bytes'])} ONNX, parity {r['parity_check']})"
     )
+
+
+def _size(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"

@@ -100,8 +100,8 @@ class TritonBackend:
             status = _status(exc)
             if status == "StatusCode.DEADLINE_EXCEEDED":  # retrying the same will not help
                 raise BackendTimeout(
-                    f"The model did not answer within {self.timeout_s:g} s; fewer or shorter "
-                    "texts per request answer sooner."
+                    f"The model did not answer within {self.timeout_s:g} s: the backend is "
+                    "overloaded or stalled, or the request is too large for that deadline."
                 ) from exc
             if status in _UNAVAILABLE_STATUSES:
                 raise BackendUnavailable(
