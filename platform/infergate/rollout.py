@@ -80,6 +80,7 @@ class VersionWindow:
     p95_ms: float = 0.0
     output_shares: tuple[float, ...] = ()  # predicted classes, or binned embedding norms
     latency_counts: tuple[int, ...] = ()  # requests per latency bucket (metrics' buckets)
+    classes: tuple[str, ...] = ()  # the classes of ``output_shares``; none for embeddings
 
     @property
     def error_rate(self) -> float:
@@ -179,13 +180,10 @@ def analyse(
             f"(allowed +{policy.max_error_rate_increase:.1%})",
             figures,
         )
-    ours, theirs = len(canary.output_shares), len(champion.output_shares)
-    if ours and theirs and ours != theirs:  # no chance in this: said at once
+    canary, incomparable = _in_champion_order(canary, champion)
+    if incomparable is not None:  # no chance in this: said at once
         return Decision(
-            "rollback",
-            f"its outputs cannot be compared with the champion's ({ours} classes against "
-            f"{theirs}); roll it out by hand (canary start --manual)",
-            figures,
+            "rollback", f"{incomparable}; roll it out by hand (canary start --manual)", figures
         )
     # Latency and outputs are statistics of samples: judged at every tick, chance alone
     # would fail an equal version sooner or later. They are judged once, over the whole
@@ -225,6 +223,29 @@ def _latency_failure(
             f"(allowed {policy.max_latency_ratio:.2f}x), slower overall (z {z:.1f})"
         )
     return None
+
+
+def _in_champion_order(
+    canary: VersionWindow, champion: VersionWindow
+) -> tuple[VersionWindow, str | None]:
+    """The canary's window with its class shares in the order of the champion's classes
+    (a retrained model may number them otherwise), or why the two cannot be compared."""
+    if not canary.output_shares or not champion.output_shares:
+        return canary, None
+    ours, theirs = canary.classes, champion.classes
+    if ours and theirs:
+        if sorted(ours) != sorted(theirs):
+            return canary, (
+                f"its classes ({', '.join(ours)}) are not the champion's ({', '.join(theirs)})"
+            )
+        shares = dict(zip(ours, canary.output_shares, strict=True))
+        return replace(canary, output_shares=tuple(shares[c] for c in theirs), classes=theirs), None
+    if len(canary.output_shares) != len(champion.output_shares):
+        return canary, (
+            f"its outputs cannot be compared with the champion's ({len(canary.output_shares)} "
+            f"classes against {len(champion.output_shares)})"
+        )
+    return canary, None
 
 
 def _output_failure(

@@ -20,6 +20,7 @@ class VersionCounters:
     # 1 in all, however many texts it holds, so that one client's batch of 64 weighs as
     # one request in the canary comparison, not as 64.
     outputs: list[float] = field(default_factory=list)
+    classes: tuple[str, ...] = ()  # what ``outputs`` counts, for a classifier
 
     def add(self, status: int, seconds: float, raw: np.ndarray | None, labels: list[str]) -> None:
         self.requests += 1
@@ -29,6 +30,7 @@ class VersionCounters:
         if raw is None or raw.ndim != 2:
             return
         if labels:
+            self.classes = tuple(labels)
             counts = np.bincount(raw.argmax(axis=-1), minlength=len(labels))
         else:
             bins = np.searchsorted(NORM_BUCKETS, np.linalg.norm(raw, axis=-1))
@@ -52,6 +54,7 @@ class VersionCounters:
             self.errors + sign * other.errors,
             [a + sign * b for a, b in zip(self.latency, other.latency, strict=True)],
             [a + sign * b for a, b in zip(outputs, theirs, strict=True)],
+            self.classes or other.classes,
         )
 
     def p95_ms(self) -> float:
@@ -74,15 +77,20 @@ class VersionCounters:
     def window(self) -> VersionWindow:
         total = sum(self.outputs)
         shares = tuple(c / total for c in self.outputs) if total else ()
-        return VersionWindow(self.requests, self.errors, self.p95_ms(), shares, tuple(self.latency))
+        return VersionWindow(
+            self.requests, self.errors, self.p95_ms(), shares, tuple(self.latency), self.classes
+        )
 
     def to_dict(self) -> dict:
-        return {"requests": self.requests, "errors": self.errors,
-                "latency": self.latency, "outputs": self.outputs}  # fmt: skip
+        return {"requests": self.requests, "errors": self.errors, "latency": self.latency,
+                "outputs": self.outputs, "classes": list(self.classes)}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict) -> VersionCounters:
-        return cls(data["requests"], data["errors"], list(data["latency"]), list(data["outputs"]))
+        return cls(
+            data["requests"], data["errors"], list(data["latency"]), list(data["outputs"]),
+            tuple(data.get("classes", ())),
+        )  # fmt: skip
 
 
 def merge_reports(reports: list[dict[str, dict]]) -> dict[str, VersionCounters]:

@@ -15,7 +15,7 @@ from infergate.rollout import (
     slower_z,
     start,
 )
-from infergate.stats import VersionCounters
+from infergate.stats import VersionCounters, merge_reports
 
 POLICY = RolloutPolicy(steps=(10, 50, 100), step_interval_s=60, min_requests=20)
 HEALTHY = VersionWindow(requests=100, errors=0, p95_ms=10.0, output_shares=(0.5, 0.5))
@@ -126,12 +126,28 @@ def test_output_divergence_rolls_back_at_the_end_of_the_step():
 
 def test_a_canary_with_other_classes_is_rolled_back_at_once_not_passed():
     state = start("2", POLICY, 0.0)
-    three_classes = window(output_shares=(0.0, 0.0, 1.0))  # answers a class of its own
-    decision = analyse(POLICY, state, three_classes, HEALTHY, 1.0)
-    assert decision.action == "rollback"
-    assert "3 classes against 2" in decision.reason and "--manual" in decision.reason
+    champion = window(output_shares=(0.8, 0.2), classes=("negative", "positive"))
+    three = window(output_shares=(0.0, 0.0, 1.0), classes=("bad", "good", "meh"))
+    decision = analyse(POLICY, state, three, champion, 1.0)
+    assert decision.action == "rollback" and "--manual" in decision.reason
+    assert "classes (bad, good, meh) are not the champion's (negative, positive)" in decision.reason
+    renamed = window(output_shares=(0.8, 0.2), classes=("bad", "good"))  # as many, not the same
+    assert analyse(POLICY, state, renamed, champion, 1.0).action == "rollback"
+    unnamed = window(output_shares=(0.0, 0.0, 1.0))
+    assert "3 classes against 2" in analyse(POLICY, state, unnamed, HEALTHY, 1.0).reason
     manual = start("2", POLICY, 0.0, mode="manual", weight=30)
-    assert analyse(POLICY, manual, three_classes, HEALTHY, 1.0).action == "hold"
+    assert analyse(POLICY, manual, three, champion, 1.0).action == "hold"
+
+
+def test_classes_numbered_otherwise_are_compared_by_name():
+    """A retrained model may number its classes otherwise; by index it would look flipped."""
+    state = start("2", POLICY, 0.0)
+    champion = window(output_shares=(0.8, 0.2), classes=("negative", "positive"))
+    same_answers = window(output_shares=(0.2, 0.8), classes=("positive", "negative"))
+    decision = analyse(POLICY, state, same_answers, champion, 61.0)
+    assert decision.action == "advance" and decision.figures["output_psi"] == pytest.approx(0)
+    flipped = window(output_shares=(0.8, 0.2), classes=("positive", "negative"))
+    assert analyse(POLICY, state, flipped, champion, 61.0).action == "rollback"
 
 
 def test_manual_mode_holds():
@@ -212,3 +228,14 @@ def test_equal_versions_rarely_fail_and_slow_ones_are_caught():
 
     assert failures(30, 1.0) <= 0.02 and failures(100, 1.0) <= 0.02
     assert failures(30, 2.0) >= 0.9 and failures(100, 2.0) >= 0.99
+
+
+def test_replica_counters_carry_their_classes_to_the_window():
+    one, other = VersionCounters(), VersionCounters()
+    one.add(200, 0.004, np.array([[0.1, 0.9]]), ["negative", "positive"])
+    other.add(200, 0.004, np.array([[0.7, 0.3]]), ["negative", "positive"])
+    reports = [{"m/2": one.to_dict()}, {"m/2": other.to_dict()}]  # two replicas, over Ray
+    merged = merge_reports(reports)["m/2"]
+    baseline = VersionCounters()  # the step's start, before any request
+    window = merged.minus(baseline).window()
+    assert window.classes == ("negative", "positive") and window.output_shares == (0.5, 0.5)
