@@ -472,6 +472,9 @@ def test_cpu_budget_bounds_what_a_front_end_could_reach():
     # 2 cores / (2 + 1) ms = 667 req/s, two thirds of the ceiling's 1000.
     assert budget["bound_share"] == pytest.approx(2 / 3)
     assert budget["infergate_share"] == pytest.approx(0.5)
+    floor["noisy"] = True  # disturbed by other load: it prices nothing
+    assert cpu_budget(results) == []
+    floor["noisy"] = False
     # Without a paced floor there is no room to compute, and the share's miss says nothing.
     assert budget["floor_at_target_cpu_ms_per_request"] is None and budget["room_ms"] is None
     assert budget["own_work_ms"] is None
@@ -636,6 +639,13 @@ def test_no_latency_budget_without_triton_alone_or_the_floor():
     ]
     assert latency_budget(results) == []  # no floor
     assert "## Latency budget" not in markdown(results)
+    # A floor disturbed by other load (a stack left running beside the benchmark)
+    # read 15.5 ms and "explained" a 5.3 ms infergate: no estimate from it.
+    noisy = {**_cell(1, 1, 16, 60.0, 15.5, 20.0), "noisy": True}
+    results["scenarios"]["floor"] = {"cells": [noisy]}
+    assert latency_budget(results) == []
+    results["scenarios"]["floor"] = {"cells": [{**noisy, "noisy": False}]}
+    assert len(latency_budget(results)) == 1
 
 
 def test_plots_leave_the_floor_out_and_colour_variants_apart():

@@ -328,7 +328,7 @@ def cpu_budget(results: dict[str, Any]) -> list[dict[str, Any]]:
     for tokens in measured_tokens(results):
         ceiling = ceiling_row(results, tokens, CEILING_BATCH)
         floor = cell_row(results, "floor", 32, 1, tokens)
-        if not ceiling or not floor or not ceiling.get("cpu_ms_per_sequence"):
+        if not ceiling or not floor or floor.get("noisy") or not ceiling.get("cpu_ms_per_sequence"):
             continue
         model_ms, floor_ms = ceiling["cpu_ms_per_sequence"], cpu_ms_per_request(floor)
         if floor_ms is None:
@@ -406,7 +406,9 @@ def latency_budget(results: dict[str, Any]) -> list[dict[str, Any]]:
     for tokens in measured_tokens(results):
         floor = cell_row(results, "floor", 1, 1, tokens)
         batch1 = ceiling_row(results, tokens, 1)
-        if tokens not in alone or not floor or not batch1:
+        # A floor disturbed by other load (another stack running beside the benchmark,
+        # say) bounds nothing: no estimate rather than a wrong one.
+        if tokens not in alone or not floor or floor.get("noisy") or not batch1:
             continue
         ours = cell_row(results, "infergate", 1, 1, tokens)
         triton_ms, floor_ms = alone[tokens]["p50_ms"], floor["p50_ms"]
