@@ -18,7 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from infergate.config import PROJECT_ROOT, TASKS, TritonSettings
-from infergate.errors import RegistrationError
+from infergate.errors import ModelNotFound, RegistrationError
 from infergate.postprocess import softmax
 from infergate.refstats import reference_stats
 from infergate.registry import PARITY_FILE, REFERENCE_FILE, SPEC_FILE, Registry
@@ -120,11 +120,7 @@ def register_model(
         raise RegistrationError(f"model name {name!r} is not valid; use letters, digits, - or _")
     if alias == "":
         raise RegistrationError("--alias needs a name, such as champion")
-    if registry.has_model(name) and (served := registry.model(name).task) != task:
-        # Its clients read one kind of output; a version of another task would break them.
-        raise RegistrationError(
-            f"model {name!r} is a {served} model; register this {task} model under another name"
-        )
+    _check_task(registry, name, task)
     texts = read_texts(reference_texts or DEFAULT_REFERENCE_TEXTS)
     with tempfile.TemporaryDirectory(prefix="infergate-register-") as tmp:
         work = Path(tmp)
@@ -193,6 +189,18 @@ def register_model(
             built.precision,
             parity.check,
             built.onnx_path.stat().st_size,
+        )
+
+
+def _check_task(registry: Registry, name: str, task: str) -> None:
+    """A model keeps its task: its clients read one kind of output."""
+    try:
+        served = registry.model(name).task
+    except ModelNotFound:
+        return  # a new model
+    if served != task:
+        raise RegistrationError(
+            f"model {name!r} is a {served} model; register this {task} model under another name"
         )
 
 

@@ -139,15 +139,15 @@ class Registry:
         return _registered(model)
 
     def version_source(self, name: str, version: str) -> str:
-        try:
-            return self.client.get_model_version(name, version).source
-        except (MlflowException, RestException):
-            raise ModelNotFound(f"model {name!r} has no version {version!r}") from None
+        return self._version(name, version).source
 
     def version_task(self, name: str, version: str) -> str:
         """The task ``version`` was registered for ("" if it carries no task tag)."""
+        return self._version(name, version).tags.get(TASK_TAG, "")
+
+    def _version(self, name: str, version: str) -> Any:
         try:
-            return self.client.get_model_version(name, version).tags.get(TASK_TAG, "")
+            return self.client.get_model_version(name, version)
         except (MlflowException, RestException):
             raise ModelNotFound(f"model {name!r} has no version {version!r}") from None
 

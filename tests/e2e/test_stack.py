@@ -369,12 +369,7 @@ def test_second_stack_on_busy_ports_fails_clearly(stack, tmp_path):
 
 
 def test_triton_killed_is_started_again_and_serves_meanwhile_with_503s(stack, http):
-    (triton,) = [
-        pid
-        for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-        if (cmdline := _cmdline(pid)).startswith("/") and "tritonserver" in cmdline.split()[0]
-        and str(stack.state_dir) in cmdline
-    ]  # fmt: skip
+    (triton,) = stack_processes(stack)[1]["tritonserver"]
     os.kill(triton, signal.SIGKILL)
     statuses: list[int] = []
 
@@ -387,10 +382,3 @@ def test_triton_killed_is_started_again_and_serves_meanwhile_with_503s(stack, ht
     wait_for(lambda: http.get("/readyz").status_code == 200, 60, "every model ready again")
     log = (stack.state_dir / "logs" / "up.log").read_text()
     assert "starting triton again" in log and "triton runs again" in log
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
-    except OSError:
-        return ""

@@ -3,7 +3,6 @@
 Killing the real Triton of a running stack is covered in tests/e2e/test_stack.py.
 """
 
-import os
 import sys
 import threading
 import time
@@ -12,7 +11,7 @@ import pytest
 
 from infergate import stack as stack_module
 from infergate.errors import StackError
-from infergate.processes import Child, spawn, stat_fields
+from infergate.processes import Child, live_pids, spawn, stat_fields
 from infergate.stack import RESTART_LIMIT, Stack
 
 
@@ -64,7 +63,7 @@ def test_what_is_left_of_an_exited_childs_group_is_stopped(tmp_path):
 def running_in_group(group: int) -> list[int]:
     """Processes of ``group`` that run (a killed one is a zombie until it is reaped)."""
     found = []
-    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+    for pid in live_pids():
         fields = stat_fields(pid)
         if fields and fields[0] != "Z" and int(fields[2]) == group:
             found.append(pid)

@@ -98,7 +98,7 @@ class TritonBackend:
             # The answer names no Triton model (an internal name); the log does.
             log.warning("Triton inference on %s (%d rows) failed: %s", model, len(input_ids), exc)
             status = _status(exc)
-            if status == "StatusCode.DEADLINE_EXCEEDED":  # retrying the same will not help
+            if status == "StatusCode.DEADLINE_EXCEEDED":  # a 504: the call went out, no answer
                 raise BackendTimeout(
                     f"The model did not answer within {self.timeout_s:g} s: the backend is "
                     "overloaded or stalled, or the request is too large for that deadline."
