@@ -105,8 +105,8 @@ def _texts(inputs: Any, limits: Limits) -> list[str]:
         where = "'inputs'" if isinstance(inputs, str) else f"'inputs[{index}]'"
         if not isinstance(text, str):
             raise InvalidInput(f"{where} must be a string, got {_json_type(text)}")
-        if not text:
-            raise InvalidInput(f"{where} is an empty string; send some text")
+        if not text or text.isspace():  # the model would see [CLS] [SEP] alone
+            raise InvalidInput(f"{where} is empty or only whitespace; send some text")
         if len(text) > limits.max_chars_per_text:
             raise PayloadTooLarge(
                 f"{where} has {len(text)} characters; the limit is "

@@ -40,7 +40,12 @@ def test_unicode_text_is_kept():
         (b'{"inputs": []}', InvalidInput, "empty list"),
         (b'{"inputs": [1]}', InvalidInput, "'inputs[0]' must be a string"),
         (b'{"inputs": ["a", ["b"]]}', InvalidInput, "'inputs[1]' must be a string, got a list"),
-        (b'{"inputs": ""}', InvalidInput, "empty string"),
+        (b'{"inputs": ""}', InvalidInput, "'inputs' is empty"),
+        (
+            b'{"inputs": ["a", " \\t\\n\\u3000"]}',
+            InvalidInput,
+            "'inputs[1]' is empty or only whitespace",
+        ),
         (b'{"inputs": "a", "extra": 1}', InvalidInput, "unknown field"),
         (b'{"inputs": "a", "parameters": []}', InvalidInput, "must be an object"),
         (b'{"inputs": "a", "parameters": {"x": 1}}', InvalidInput, "unknown parameter"),

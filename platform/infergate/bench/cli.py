@@ -89,7 +89,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     mode = bench.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="fewer cells, short (a few minutes)")
-    mode.add_argument("--smoke", action="store_true", help="a tiny grid in seconds, for CI")
+    mode.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny grid, for CI: a few minutes, most of it starting things",
+    )
     bench.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
     bench.add_argument("--scenarios", nargs="+", choices=ALL_SCENARIOS, help="default: all of them")
     bench.add_argument("--cache-dir", type=Path, help="where the prepared model is kept")
