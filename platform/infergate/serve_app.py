@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import logging
 import logging.handlers
+import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -44,6 +46,8 @@ REPORT_INTERVAL_S = 1.0
 REPLICA_SILENT_AFTER_S = 10.0  # a replica not heard from for this long is gone
 CLOSE_POLL_S = 1.0  # how often a replaced Triton channel is checked for calls still out
 RETRY_S = 5.0  # how often a version of the table this replica could not load is tried again
+REPEAT_WINDOW_S = 10.0  # a per-request warning of one kind is logged once per this
+_DIGITS = re.compile(r"\d+")
 
 
 @ray.remote(num_cpus=0)
@@ -336,6 +340,44 @@ def log_to_replica_file() -> None:
             handler = handler.target
         if handler not in ours.handlers:
             ours.addHandler(handler)
+    # The loggers that write a line per failed request: while Triton is down, every
+    # request fails, and a thousand lines a second would bury everything else.
+    for name in ("infergate.frontend", "infergate.triton.client"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RepeatLimit) for f in logger.filters):
+            logger.addFilter(RepeatLimit(REPEAT_WINDOW_S))
+
+
+class RepeatLimit(logging.Filter):
+    """Lets one record of a kind through per ``window_s``; the next one that passes says
+    how many were held back. Records of a kind share their message up to its numbers (row
+    counts, timings), so the same failure of two models are two kinds."""
+
+    MAX_KINDS = 1000  # a flood of unlike messages must not grow the table without end
+
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self._clock = clock
+        self._kinds: dict[str, list[float | int]] = {}  # kind -> [last passed at, held back]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = self._clock()
+        kind = f"{record.levelno}:{_DIGITS.sub('#', record.getMessage())}"
+        seen = self._kinds.get(kind)
+        if seen is not None and now - seen[0] < self.window_s:
+            seen[1] += 1
+            return False
+        if seen is not None and seen[1]:
+            record.msg = (
+                f"{record.getMessage()} ({seen[1]} more like it were not logged in the "
+                f"{now - seen[0]:.0f} s since the last one shown)"
+            )
+            record.args = ()
+        if len(self._kinds) >= self.MAX_KINDS:
+            self._kinds = {k: v for k, v in self._kinds.items() if now - v[0] < self.window_s}
+        self._kinds[kind] = [now, 0]
+        return True
 
 
 def replica_options(serve_settings: ServeSettings) -> dict[str, Any]:

@@ -149,8 +149,47 @@ def test_infergate_records_reach_the_replica_log_file_unbuffered(tmp_path):
         serve_app.log_to_replica_file()  # a second replica in the same process adds nothing
         logging.getLogger("infergate.frontend").info("table 3: ['a v1']")
         assert path.read_text() == "table 3: ['a v1']\n"
+        for name in ("infergate.frontend", "infergate.triton.client"):
+            filters = logging.getLogger(name).filters
+            assert [type(f) for f in filters] == [serve_app.RepeatLimit], name
     finally:
         file_handler.close()
         serve_logger.handlers, ours.handlers = saved[0], saved[1]
         ours.setLevel(saved[2])
         ours.propagate = saved[3]
+
+
+def test_a_failure_repeated_per_request_is_logged_once_per_window_with_a_count():
+    now = [100.0]
+    limit = serve_app.RepeatLimit(10.0, clock=lambda: now[0])
+    logger = logging.getLogger("test.repeat_limit")
+    logger.propagate = False
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger.addHandler(Collect())
+    logger.addFilter(limit)
+    warn = "Triton inference on %s (%d rows) failed: %s"
+    for rows in (3, 7, 1):  # one kind: only the number differs
+        logger.warning(warn, "a__v1", rows, "UNAVAILABLE")
+    logger.warning(warn, "b__v1", 2, "UNAVAILABLE")  # another model: another kind
+    logger.error(warn, "a__v1", 2, "UNAVAILABLE")  # another level: another kind
+    now[0] = 109.0
+    logger.warning(warn, "a__v1", 5, "UNAVAILABLE")
+    now[0] = 112.0
+    logger.warning(warn, "a__v1", 4, "UNAVAILABLE")
+    logger.warning(warn, "a__v1", 4, "UNAVAILABLE")
+    now[0] = 200.0
+    logger.warning(warn, "a__v1", 6, "UNAVAILABLE")
+    assert lines == [
+        "Triton inference on a__v1 (3 rows) failed: UNAVAILABLE",
+        "Triton inference on b__v1 (2 rows) failed: UNAVAILABLE",
+        "Triton inference on a__v1 (2 rows) failed: UNAVAILABLE",
+        "Triton inference on a__v1 (4 rows) failed: UNAVAILABLE (3 more like it were not "
+        "logged in the 12 s since the last one shown)",
+        "Triton inference on a__v1 (6 rows) failed: UNAVAILABLE (1 more like it were not "
+        "logged in the 88 s since the last one shown)",
+    ]
