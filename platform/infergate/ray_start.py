@@ -14,7 +14,9 @@ from infergate.config import ServeSettings
 from infergate.processes import descendants, reap
 
 log = logging.getLogger(__name__)
-RAY_START_ATTEMPTS = 3
+# Of 517 Ray starts on this machine, 63 had an attempt in which Ray's GCS or raylet never
+# ran (no process, no log file of its own; the cause is not known), 13 of them two in a row.
+RAY_START_ATTEMPTS = 4
 
 # Ray Serve's HAProxy ingress and throughput-optimised mode: on two cores a no-op
 # deployment went from 165 to 2285 req/s at concurrency 32 with these two.
@@ -51,6 +53,10 @@ WORKER_ENV = {
     # and scaling decisions then start up to 0.4 s later; autoscaling waits for seconds
     # of metrics anyway.
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+    # Ray waits 30 s for the GCS to write its port; here it did so within 0.5 s in all of
+    # 568 starts where it ran, so an attempt whose GCS never runs (see RAY_START_ATTEMPTS)
+    # is given up after 15 s. Ray's 30 s wait for the raylet cannot be set.
+    "RAY_gcs_server_port_wait_time_s": "15",
 }
 
 
