@@ -351,7 +351,7 @@ def log_to_replica_file() -> None:
 class RepeatLimit(logging.Filter):
     """Lets one record of a kind through per ``window_s``; the next one that passes says
     how many were held back. Records of a kind share their message up to its numbers (row
-    counts, timings), so the same failure of two models are two kinds."""
+    counts, timings): the same failure of two models makes two kinds."""
 
     MAX_KINDS = 1000  # a flood of unlike messages must not grow the table without end
 
@@ -376,6 +376,8 @@ class RepeatLimit(logging.Filter):
             record.args = ()
         if len(self._kinds) >= self.MAX_KINDS:
             self._kinds = {k: v for k, v in self._kinds.items() if now - v[0] < self.window_s}
+            if len(self._kinds) >= self.MAX_KINDS:  # all of them recent: forget the counts
+                self._kinds.clear()
         self._kinds[kind] = [now, 0]
         return True
 

@@ -155,6 +155,9 @@ def test_infergate_records_reach_the_replica_log_file_unbuffered(tmp_path):
     finally:
         file_handler.close()
         serve_logger.handlers, ours.handlers = saved[0], saved[1]
+        for name in ("infergate.frontend", "infergate.triton.client"):
+            logger = logging.getLogger(name)
+            logger.filters = [f for f in logger.filters if not isinstance(f, serve_app.RepeatLimit)]
         ours.setLevel(saved[2])
         ours.propagate = saved[3]
 
@@ -193,3 +196,18 @@ def test_a_failure_repeated_per_request_is_logged_once_per_window_with_a_count()
         "Triton inference on a__v1 (6 rows) failed: UNAVAILABLE (1 more like it were not "
         "logged in the 88 s since the last one shown)",
     ]
+
+
+def test_the_table_of_kinds_stays_bounded():
+    now = [0.0]
+    limit = serve_app.RepeatLimit(10.0, clock=lambda: now[0])
+    records = [
+        logging.LogRecord("x", logging.WARNING, __file__, 1, f"failure {kind}", (), None)
+        for kind in ("a", "b", "c", "d")
+    ]
+    limit.MAX_KINDS = 3
+    assert all(limit.filter(record) for record in records)  # the fourth clears the table
+    assert len(limit._kinds) == 1
+    now[0] = 20.0
+    assert all(limit.filter(record) for record in records[:3])  # the old ones are pruned
+    assert len(limit._kinds) == 3
