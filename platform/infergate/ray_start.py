@@ -14,9 +14,7 @@ from infergate.config import ServeSettings
 from infergate.processes import descendants, reap
 
 log = logging.getLogger(__name__)
-# Of 517 Ray starts on this machine, 63 had an attempt in which Ray's GCS or raylet never
-# ran (no process, no log file of its own; the cause is not known), 13 of them two in a row.
-RAY_START_ATTEMPTS = 4
+RAY_START_ATTEMPTS = 3
 
 # Ray Serve's HAProxy ingress and throughput-optimised mode: on two cores a no-op
 # deployment went from 165 to 2285 req/s at concurrency 32 with these two.
@@ -53,10 +51,6 @@ WORKER_ENV = {
     # and scaling decisions then start up to 0.4 s later; autoscaling waits for seconds
     # of metrics anyway.
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
-    # Ray waits 30 s for the GCS to write its port; here it did so within 0.5 s in all of
-    # 568 starts where it ran, so an attempt whose GCS never runs (see RAY_START_ATTEMPTS)
-    # is given up after 15 s. Ray's 30 s wait for the raylet cannot be set.
-    "RAY_gcs_server_port_wait_time_s": "15",
 }
 
 
@@ -113,8 +107,9 @@ def _start(settings: ServeSettings, keep: set[int]) -> None:
             )
             break
         except Exception as exc:
-            # On a loaded machine Ray's GCS or raylet can miss Ray's own start-up
-            # deadline; what it left behind is cleaned up before the next try.
+            # Ray gives up when its GCS or raylet has not come up in time (here: when the
+            # child that was to run it died before its exec, see infergate/__init__.py);
+            # what the attempt left behind is cleaned up before the next one.
             if attempt == RAY_START_ATTEMPTS or "timed out" not in str(exc).lower():
                 raise
             log.warning("Ray did not start in time (%s); trying again", exc)

@@ -42,8 +42,6 @@ def test_an_attempt_that_times_out_is_cleaned_up_and_tried_again(ray_calls):
     assert ray_calls["init"] == ray_start.RAY_START_ATTEMPTS
     assert ray_calls["shutdown"] == ray_calls["reaped"] == ray_start.RAY_START_ATTEMPTS - 1
     assert ray_calls["serve"] == 1
-    # a GCS that never runs is given up before Ray's own 30 s
-    assert os.environ["RAY_gcs_server_port_wait_time_s"] == "15"  # noqa: SIM112 (Ray's name)
 
 
 def test_the_last_timeout_is_raised(ray_calls):
