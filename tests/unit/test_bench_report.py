@@ -4,8 +4,12 @@ accounting, targets and the report."""
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -659,3 +663,17 @@ def test_plots_leave_the_floor_out_and_colour_variants_apart():
     assert "floor" not in plotted
     colours = [plotted[name] for name in ("infergate", "infergate (a)", "infergate (b)")]
     assert len(set(colours)) == 3
+
+
+def test_a_stack_running_beside_the_benchmark_is_found(tmp_path, monkeypatch):
+    from infergate.bench.cli import running_stack
+    from infergate.stack import STATE_FILE
+
+    monkeypatch.setenv("INFERGATE_STATE_DIR", str(tmp_path))
+    assert running_stack() is None
+    (tmp_path / STATE_FILE).write_text(json.dumps({"pid": os.getpid()}))
+    assert running_stack() == tmp_path
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+                          capture_output=True, check=True)  # fmt: skip
+    (tmp_path / STATE_FILE).write_text(json.dumps({"pid": int(gone.stdout)}))
+    assert running_stack() is None  # a stack that died without `down`

@@ -21,6 +21,16 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def running_stack() -> Path | None:
+    """The state folder of an ``infergate up`` stack running on this machine's default
+    config, if one runs: the benchmark's cells would share the cores with it."""
+    from infergate.config import load_config
+    from infergate.stack import read_state
+
+    state_dir = load_config().state_dir
+    return state_dir if read_state(state_dir) is not None else None
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; exit 0 when it ran (targets are reported, not enforced), 1 when a
     scenario failed to run, 2 with ``--check`` when a target was missed."""
@@ -52,6 +62,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, interrupt)
+    beside = running_stack()
+    if beside is not None:
+        _say(
+            f"warning: an infergate stack runs from {beside}; its load disturbs every cell "
+            "(`infergate down` stops it)"
+        )
     try:
         results = run_bench(options, say=_say)
     except KeyboardInterrupt:
