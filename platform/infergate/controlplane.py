@@ -65,9 +65,9 @@ class ControlPlane:
         result = ReconcileResult()
         desired = self.desired()
         wanted = {triton_model_name(v.name, v.version) for v in desired}
+        self._withdraw_replaced(desired)
         for version in desired:
             model = triton_model_name(version.name, version.version)
-            # The same name and version from other files: deleted and registered again.
             known = self.serving.get(model)
             if self._reload_all or known is None or known.source != version.source:
                 try:
@@ -89,6 +89,26 @@ class ControlPlane:
         self.serving = new_serving
         self._reload_all = False
         return result
+
+    def _withdraw_replaced(self, desired: list[ServedVersion]) -> None:
+        """Take the versions served from other files than before off the replicas' table.
+
+        The same name and version from other files was deleted and registered again; its
+        Triton model keeps its name and is reloaded in place. Until then the replicas would
+        send ids from the first files' tokenizer to the new graph (and label its scores
+        with the first files' labels), so the table without those versions must be in
+        force, which ``deploy`` waits for, before Triton swaps the files. Meanwhile their
+        traffic goes to the model's other versions, or the model is briefly unknown.
+        """
+        replaced = set()
+        for version in desired:
+            model = triton_model_name(version.name, version.version)
+            known = self.serving.get(model)
+            if known is not None and known.source != version.source:
+                replaced.add(model)
+        if replaced:
+            log.info("%s registered again: off the table while Triton reloads", sorted(replaced))
+            self.deploy(_rebalance([v for m, v in self.serving.items() if m not in replaced]))
 
     def _failed(
         self, version: ServedVersion, reason: str, wanted: set[str], result: ReconcileResult

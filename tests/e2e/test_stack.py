@@ -9,6 +9,7 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -184,18 +185,46 @@ def test_a_model_deleted_and_registered_again_answers_with_its_new_files(stack, 
     wait_for_model(http, "reborn")
     first = predict(http, "reborn", texts).json()["outputs"]
     assert {o["label"] for o in first} <= {"sad", "happy"}
-    MlflowClient(stack.mlflow).delete_registered_model("reborn")
-    register(("bad", "good"), seed=1)
 
-    def answers_anew() -> list[dict] | None:
-        outputs = predict(http, "reborn", texts).json().get("outputs")
-        return outputs if outputs and {o["label"] for o in outputs} <= {"bad", "good"} else None
+    # Asked all along the swap, the model answers from one set of files or not at all:
+    # never with the first files' labels (or tokenizer) over the new graph's scores.
+    answers: list[list[dict]] = []
+    swapped = threading.Event()
 
-    again = wait_for(answers_anew, 60, "the new files answering")
+    def ask_all_along() -> None:
+        with httpx.Client(base_url=http.base_url, timeout=30) as client:
+            while not swapped.is_set():
+                response = predict(client, "reborn", texts)
+                if response.status_code == 200:
+                    answers.append(response.json()["outputs"])
+
+    asking = threading.Thread(target=ask_all_along)
+    asking.start()
+    try:
+        MlflowClient(stack.mlflow).delete_registered_model("reborn")
+        register(("bad", "good"), seed=1)
+
+        def answers_anew() -> list[dict] | None:
+            outputs = predict(http, "reborn", texts).json().get("outputs")
+            new_labels = outputs and {o["label"] for o in outputs} <= {"bad", "good"}
+            return outputs if new_labels else None
+
+        again = wait_for(answers_anew, 60, "the new files answering")
+    finally:
+        swapped.set()
+        asking.join()
     # Other weights behind the same Triton model name: Triton reloaded it too.
     assert [list(o["scores"].values()) for o in again] != [
         list(o["scores"].values()) for o in first
     ]
+    first_scores = [list(o["scores"].values()) for o in first]
+    mixed = [
+        outputs
+        for outputs in answers
+        if {o["label"] for o in outputs} <= {"sad", "happy"}
+        and not np.allclose([list(o["scores"].values()) for o in outputs], first_scores)
+    ]
+    assert answers and not mixed, f"{len(mixed)} of {len(answers)} answers mixed the files"
 
 
 @pytest.mark.parametrize(

@@ -96,12 +96,21 @@ def test_a_first_champion_that_fails_serves_nothing(tmp_path):
 
 
 class LoadRecorder(Plane):
+    """Records loads and published tables in the order they happen."""
+
     def __init__(self, tmp_path, desired: list[ServedVersion]) -> None:
         self.loads: list[tuple[str, str]] = []
+        self.events: list[tuple] = []
         super().__init__(tmp_path, desired)
+        self.deploy = self._publish
+
+    def _publish(self, table: list[ServedVersion]) -> None:
+        self.tables.append(table)
+        self.events.append(("table", [(v.version, v.source, v.weight) for v in table]))
 
     def _load(self, version: ServedVersion, model: str) -> None:
         self.loads.append((model, version.source))
+        self.events.append(("load", model, version.source))
 
 
 def test_a_version_registered_again_under_its_name_and_number_is_loaded_again(tmp_path):
@@ -117,6 +126,27 @@ def test_a_version_registered_again_under_its_name_and_number_is_loaded_again(tm
     assert plane.loads == [("m__v1", "src/1"), ("m__v1", "src/other-run")]
     assert result.loaded == ["m__v1"] and result.unloaded == []
     assert plane.tables[-1] == [again] and plane.serving["m__v1"] == again
+
+
+def test_replicas_stop_using_a_version_before_triton_reloads_it_from_other_files(tmp_path):
+    """Reloaded in place under the same Triton name, the new graph must never receive ids
+    from the first files' tokenizer: the table without that version is published (and
+    ``deploy`` waits until every replica runs it) before the load; the model's other
+    version carries its traffic meanwhile."""
+    plane = LoadRecorder(tmp_path, [version("1", weight=90), version("2", CANARY, 10)])
+    plane.reconcile()
+    plane.events.clear()
+    again = ServedVersion("m", "2", "text-classification", "src/other-run", CANARY, 10)
+    plane.wanted = [version("1", weight=90), again]
+    plane.reconcile()
+    assert plane.events == [
+        ("table", [("1", "src/1", 100)]),
+        ("load", "m__v2", "src/other-run"),
+        ("table", [("1", "src/1", 90), ("2", "src/other-run", 10)]),
+    ]
+    plane.events.clear()
+    plane.reconcile()  # settled: no table and no load
+    assert plane.events == []
 
 
 class FilesRegistry:
