@@ -96,9 +96,10 @@ class ControlPlane:
         The same name and version from other files was deleted and registered again; its
         Triton model keeps its name and is reloaded in place. Until then the replicas would
         send ids from the first files' tokenizer to the new graph (and label its scores
-        with the first files' labels), so the table without those versions must be in
-        force, which ``deploy`` waits for, before Triton swaps the files. Meanwhile their
-        traffic goes to the model's other versions, or the model is briefly unknown.
+        with the first files' labels), so a table marking those versions ``reloading``
+        must be in force, which ``deploy`` waits for, before Triton swaps the files.
+        Meanwhile a reloading canary's share goes to its champion, and a model whose
+        champion reloads answers 503 (retry shortly), as when a replica cannot load it.
         """
         replaced = set()
         for version in desired:
@@ -108,7 +109,8 @@ class ControlPlane:
                 replaced.add(model)
         if replaced:
             log.info("%s registered again: off the table while Triton reloads", sorted(replaced))
-            self.deploy(_rebalance([v for m, v in self.serving.items() if m not in replaced]))
+            marked = [replace(v, reloading=m in replaced) for m, v in self.serving.items()]
+            self.deploy(marked)
 
     def _failed(
         self, version: ServedVersion, reason: str, wanted: set[str], result: ReconcileResult

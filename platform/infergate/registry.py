@@ -69,6 +69,9 @@ class ServedVersion:
     source: str  # artifact URI of the version's ``model/`` folder
     role: str = CHAMPION
     weight: int = 100
+    # Registered again from other files and being reloaded under its Triton name: replicas
+    # drop what they loaded of it and route nothing to it until a table without the mark.
+    reloading: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +81,7 @@ class ServedVersion:
             "source": self.source,
             "role": self.role,
             "weight": self.weight,
+            "reloading": self.reloading,
         }
 
 

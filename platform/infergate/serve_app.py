@@ -170,6 +170,8 @@ class FrontendDeployment:
         runtimes: dict[tuple[str, str], ModelRuntime] = {}
         failed: set[tuple[str, str]] = set()
         for version in served:
+            if version.reloading:  # Triton swaps its files: nothing of it may answer now
+                continue
             key = (version.name, version.version)
             known = self._loaded.get(key)
             if known and known.served.source == version.source:
@@ -198,8 +200,8 @@ class FrontendDeployment:
         failed: set[tuple[str, str]],
     ) -> None:
         """Route by ``served`` with ``runtimes``. A model whose champion is among
-        ``failed`` answers 503 until it loads: its canary alone would take all of its
-        traffic. So does a model none of whose versions loaded."""
+        ``failed`` (or is being reloaded) answers 503 until it loads: its canary alone
+        would take all of its traffic. So does a model none of whose versions loaded."""
         assert self._settings is not None and self._backend is not None
         grouped: dict[str, list[ModelRuntime]] = {}
         loading: set[str] = set()
@@ -288,7 +290,7 @@ class FrontendDeployment:
             return False
         version, entries = update
         served = [ServedVersion(**entry) for entry in entries]
-        keep = {(v.name, v.version) for v in served}
+        keep = {(v.name, v.version) for v in served if not v.reloading}
         leaving = [runtime for key, runtime in self._loaded.items() if key not in keep]
         # Downloading a tokenizer blocks: keep the event loop serving.
         await asyncio.to_thread(self._apply, served, version)

@@ -106,7 +106,7 @@ class LoadRecorder(Plane):
 
     def _publish(self, table: list[ServedVersion]) -> None:
         self.tables.append(table)
-        self.events.append(("table", [(v.version, v.source, v.weight) for v in table]))
+        self.events.append(("table", [(v.version, v.weight, v.reloading) for v in table]))
 
     def _load(self, version: ServedVersion, model: str) -> None:
         self.loads.append((model, version.source))
@@ -130,9 +130,8 @@ def test_a_version_registered_again_under_its_name_and_number_is_loaded_again(tm
 
 def test_replicas_stop_using_a_version_before_triton_reloads_it_from_other_files(tmp_path):
     """Reloaded in place under the same Triton name, the new graph must never receive ids
-    from the first files' tokenizer: the table without that version is published (and
-    ``deploy`` waits until every replica runs it) before the load; the model's other
-    version carries its traffic meanwhile."""
+    from the first files' tokenizer: a table marking that version as reloading is
+    published (and ``deploy`` waits until every replica runs it) before the load."""
     plane = LoadRecorder(tmp_path, [version("1", weight=90), version("2", CANARY, 10)])
     plane.reconcile()
     plane.events.clear()
@@ -140,10 +139,11 @@ def test_replicas_stop_using_a_version_before_triton_reloads_it_from_other_files
     plane.wanted = [version("1", weight=90), again]
     plane.reconcile()
     assert plane.events == [
-        ("table", [("1", "src/1", 100)]),
+        ("table", [("1", 90, False), ("2", 10, True)]),
         ("load", "m__v2", "src/other-run"),
-        ("table", [("1", "src/1", 90), ("2", "src/other-run", 10)]),
+        ("table", [("1", 90, False), ("2", 10, False)]),
     ]
+    assert plane.tables[-1][1].source == "src/other-run"
     plane.events.clear()
     plane.reconcile()  # settled: no table and no load
     assert plane.events == []

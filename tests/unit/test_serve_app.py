@@ -3,6 +3,7 @@
 import asyncio
 import logging
 import logging.handlers
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -117,6 +118,59 @@ def test_a_version_a_replica_cannot_load_leaves_the_rest_of_its_table_serving(
     again = ServedVersion("c", "3", "text-classification", "src/c3-registered-again")
     replica._apply([*table[:3], again], 6)
     assert loads == ["c v3"]
+
+
+def test_a_version_being_reloaded_answers_nothing_until_its_new_files_arrive(monkeypatch, tmp_path):
+    """While Triton reloads a version registered again from other files, nothing of what
+    the replica loaded of its first files may answer: a reloading canary's share goes to
+    its champion, a model whose champion reloads answers 503, and the first files'
+    runtime is let go (drained before the table counts as adopted)."""
+    replica, loads = replica_with_table(monkeypatch, tmp_path, broken=set())
+    table = [
+        ServedVersion("a", "1", "text-classification", "src/a1", CHAMPION, 90),
+        ServedVersion("a", "2", "text-classification", "src/a2", CANARY, 10),
+        ServedVersion("b", "1", "text-classification", "src/b1"),
+    ]
+    replica._apply(table, 1)
+    del loads[:]
+    reloading = [table[0], replace(table[1], reloading=True), replace(table[2], reloading=True)]
+    replica._apply(reloading, 2)
+    assert loads == []  # neither the first files nor anything else is loaded for them
+    assert [r.served.version for r in replica._frontend.models["a"].versions] == ["1"]
+    with pytest.raises(BackendUnavailable, match="'b' is still loading"):
+        replica._frontend._model("b")
+    assert set(replica._loaded) == {("a", "1")} and replica._frontend.missing == ()
+    again = [table[0], replace(table[1], source="src/a2-again"), replace(table[2], source="b")]
+    replica._apply(again, 3)
+    assert sorted(loads) == ["a v2", "b v1"]
+    assert replica._frontend.models["a"].versions[1].served.source == "src/a2-again"
+
+
+def test_a_table_with_a_reloading_version_is_adopted_once_its_requests_are_done(
+    monkeypatch, tmp_path
+):
+    replica, _ = replica_with_table(monkeypatch, tmp_path, broken=set())
+    first = ServedVersion("a", "1", "text-classification", "src/a1")
+    replica._apply([first], 1)
+    replica._table_version, replica._adopted = 1, 1
+    replica._loaded[("a", "1")].in_flight = 1  # a request still waits for Triton
+    reloading = replace(first, reloading=True)
+
+    async def table(known: int):
+        return 2, [reloading.to_dict()]
+
+    replica._state = SimpleNamespace(table=SimpleNamespace(remote=table))
+
+    async def scenario() -> tuple[int, int]:
+        pulling = asyncio.create_task(replica._pull_table())
+        await asyncio.sleep(0.05)
+        while_out = replica._adopted
+        runtime.in_flight = 0
+        await pulling
+        return while_out, replica._adopted
+
+    runtime = replica._loaded[("a", "1")]
+    assert asyncio.run(scenario()) == (1, 2)
 
 
 def test_a_retry_that_ends_after_a_new_table_arrived_changes_nothing(monkeypatch, tmp_path):
