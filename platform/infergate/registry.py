@@ -74,15 +74,18 @@ class ServedVersion:
     reloading: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        entry: dict[str, Any] = {
             "name": self.name,
             "version": self.version,
             "task": self.task,
             "source": self.source,
             "role": self.role,
             "weight": self.weight,
-            "reloading": self.reloading,
         }
+        # Only when set: replicas of a release before the mark read every other table.
+        if self.reloading:
+            entry["reloading"] = True
+        return entry
 
 
 class Registry:

@@ -163,7 +163,9 @@ def test_a_table_with_a_reloading_version_is_adopted_once_its_requests_are_done(
 
     async def scenario() -> tuple[int, int]:
         pulling = asyncio.create_task(replica._pull_table())
-        await asyncio.sleep(0.05)
+        while replica._table_version != 2:  # the new table is installed ...
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.02)  # ... and the request to the first files still out
         while_out = replica._adopted
         runtime.in_flight = 0
         await pulling
@@ -171,6 +173,16 @@ def test_a_table_with_a_reloading_version_is_adopted_once_its_requests_are_done(
 
     runtime = replica._loaded[("a", "1")]
     assert asyncio.run(scenario()) == (1, 2)
+
+
+def test_table_entries_carry_the_reloading_mark_only_when_set():
+    """Replicas rebuild entries with ServedVersion(**entry); those of a release before the
+    mark, still running during an upgrade, must keep reading every ordinary table."""
+    served = ServedVersion("a", "1", "text-classification", "src/a1", CANARY, 10)
+    assert set(served.to_dict()) == {"name", "version", "task", "source", "role", "weight"}
+    marked = replace(served, reloading=True)
+    assert ServedVersion(**served.to_dict()) == served
+    assert ServedVersion(**marked.to_dict()) == marked
 
 
 def test_a_retry_that_ends_after_a_new_table_arrived_changes_nothing(monkeypatch, tmp_path):
