@@ -143,8 +143,12 @@ class Frontend:
         self.telemetry = telemetry or NullTelemetry()
         self.monitors = monitors or Monitors(self.telemetry)
         self._ready_at = 0.0
+        # Requests inside handle(): a replica that switches to a new front-end waits for
+        # the old one's, which may still pick a version the new table left.
+        self.in_flight = 0
 
     async def handle(self, request: Request) -> Response:
+        self.in_flight += 1
         try:
             return await self._route(request)
         except InfergateError as error:
@@ -154,6 +158,8 @@ class Frontend:
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.url.path)
             return json_response({"error": "internal error", "type": "internal_error"}, 500)
+        finally:
+            self.in_flight -= 1
 
     async def _route(self, request: Request) -> Response:
         path = request.url.path.rstrip("/") or "/"

@@ -139,9 +139,13 @@ class ModelRuntime:
         return Prediction(outputs, batch, raw, timings, self.spec.labels)
 
 
-async def drain(runtimes: list[ModelRuntime], timeout_s: float, poll_s: float = 0.01) -> bool:
-    """Wait until no request of ``runtimes`` waits for Triton; False if ``timeout_s`` ran
-    out first."""
+class Counted(Protocol):
+    in_flight: int  # requests under way
+
+
+async def drain(runtimes: list[Counted], timeout_s: float, poll_s: float = 0.01) -> bool:
+    """Wait until no request of ``runtimes`` (versions, or a whole front-end) is under
+    way; False if ``timeout_s`` ran out first."""
     deadline = time.monotonic() + timeout_s
     while any(runtime.in_flight for runtime in runtimes):
         if time.monotonic() > deadline:

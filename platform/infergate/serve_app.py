@@ -292,14 +292,21 @@ class FrontendDeployment:
         served = [ServedVersion(**entry) for entry in entries]
         keep = {(v.name, v.version) for v in served if not v.reloading}
         leaving = [runtime for key, runtime in self._loaded.items() if key not in keep]
+        previous = self._frontend
         # Downloading a tokenizer blocks: keep the event loop serving.
         await asyncio.to_thread(self._apply, served, version)
-        # Triton unloads a version once every replica reports a table without it; requests
-        # routed to it before the switch may still wait in a batching lane: let them in.
+        # Triton unloads (or reloads) a version once every replica reports a table without
+        # it. Requests routed to it may still wait in a batching lane, and requests that
+        # entered the previous front-end (some still reading their bodies) may yet pick
+        # it: let them all finish first.
         assert self._settings is not None
-        if not await drain(leaving, self._settings.triton_timeout_s):
+        under_way = [*leaving, previous] if previous is not None else leaving
+        if not await drain(under_way, self._settings.triton_timeout_s):
             names = [runtime.triton_model for runtime in leaving]
-            log.warning("requests to %s were still out after the table switch", names)
+            log.warning(
+                "requests were still under way %.0f s after the table switch (versions "
+                "leaving: %s)", self._settings.triton_timeout_s, names or "none",
+            )  # fmt: skip
         self._adopted = version
         log.info("table %d: %s", version, [f"{v.name} v{v.version}" for v in served])
         return True

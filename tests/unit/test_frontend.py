@@ -150,3 +150,35 @@ def test_a_version_leaving_the_table_is_drained_before_it_is_reported_gone():
 
     drained, stuck_drained, waited = asyncio.run(scenario())
     assert drained and 0.04 <= waited < 1 and not stuck_drained
+
+
+def test_a_request_counts_as_under_way_from_its_first_byte_to_its_answer():
+    """A replica switching tables waits for the old front-end's requests: one still reading
+    its body has picked no version yet, but it will pick one of the old table's."""
+
+    async def scenario() -> tuple[int, int, int]:
+        runtime, recorder = StuckRuntime(), Recorder()
+        model = ServedModel("m", "text-classification", (runtime,))  # type: ignore[arg-type]
+        frontend = Frontend(FrontendSettings(), None, {"m": model}, telemetry=recorder,
+                            monitors=recorder)  # type: ignore[arg-type]  # fmt: skip
+        body_sent = asyncio.Event()
+
+        async def receive():
+            await body_sent.wait()
+            return {"type": "http.request", "body": b'{"inputs": "hi"}', "more_body": False}
+
+        headers = [(b"content-type", b"application/json")]
+        scope = {"type": "http", "method": "POST", "path": "/v1/models/m/predict",
+                 "query_string": b"", "headers": headers}  # fmt: skip
+        task = asyncio.create_task(frontend.handle(Request(scope, receive)))
+        await asyncio.sleep(0.01)
+        reading = frontend.in_flight
+        body_sent.set()
+        await asyncio.wait_for(runtime.called.wait(), 5)
+        inferring = frontend.in_flight
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return reading, inferring, frontend.in_flight
+
+    assert asyncio.run(scenario()) == (1, 1, 0)

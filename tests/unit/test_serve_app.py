@@ -49,6 +49,7 @@ class Runtime:
     def __init__(self, served: ServedVersion) -> None:
         self.served = served
         self.spec = SimpleNamespace(task=served.task)
+        self.in_flight = 0
 
     def with_served(self, served: ServedVersion) -> "Runtime":
         return Runtime(served)
@@ -173,6 +174,36 @@ def test_a_table_with_a_reloading_version_is_adopted_once_its_requests_are_done(
 
     runtime = replica._loaded[("a", "1")]
     assert asyncio.run(scenario()) == (1, 2)
+
+
+def test_a_table_is_adopted_once_the_previous_front_ends_requests_are_done(monkeypatch, tmp_path):
+    """A request that entered the previous front-end and is still reading its body has
+    picked no version yet; it will pick one of the previous table's, which Triton may
+    unload (or reload) once the new table counts as adopted."""
+    replica, _ = replica_with_table(monkeypatch, tmp_path, broken=set())
+    first = ServedVersion("a", "1", "text-classification", "src/a1")
+    replica._apply([first], 1)
+    replica._table_version, replica._adopted = 1, 1
+    previous = replica._frontend
+    previous.in_flight = 1  # a request reading its body
+
+    async def table(known: int):
+        return 2, [ServedVersion("a", "2", "text-classification", "src/a2").to_dict()]
+
+    replica._state = SimpleNamespace(table=SimpleNamespace(remote=table))
+
+    async def scenario() -> tuple[int, int]:
+        pulling = asyncio.create_task(replica._pull_table())
+        while replica._table_version != 2:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.02)
+        while_reading = replica._adopted
+        previous.in_flight = 0
+        await pulling
+        return while_reading, replica._adopted
+
+    assert asyncio.run(scenario()) == (1, 2)
+    assert replica._frontend is not previous
 
 
 def test_table_entries_carry_the_reloading_mark_only_when_set():
