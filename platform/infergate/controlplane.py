@@ -65,11 +65,12 @@ class ControlPlane:
         result = ReconcileResult()
         desired = self.desired()
         wanted = {triton_model_name(v.name, v.version) for v in desired}
-        self._withdraw_replaced(desired)
+        replaced = self._replaced(desired)
+        if replaced:
+            self._withdraw(replaced)
         for version in desired:
             model = triton_model_name(version.name, version.version)
-            known = self.serving.get(model)
-            if self._reload_all or known is None or known.source != version.source:
+            if self._reload_all or model not in self.serving or model in replaced:
                 try:
                     self._load(version, model)
                 except Exception as exc:  # any failure keeps the version away from traffic
@@ -90,27 +91,29 @@ class ControlPlane:
         self._reload_all = False
         return result
 
-    def _withdraw_replaced(self, desired: list[ServedVersion]) -> None:
-        """Take the versions served from other files than before off the replicas' table.
-
-        The same name and version from other files was deleted and registered again; its
-        Triton model keeps its name and is reloaded in place. Until then the replicas would
-        send ids from the first files' tokenizer to the new graph (and label its scores
-        with the first files' labels), so a table marking those versions ``reloading``
-        must be in force, which ``deploy`` waits for, before Triton swaps the files.
-        Meanwhile a reloading canary's share goes to its champion, and a model whose
-        champion reloads answers 503 (retry shortly), as when a replica cannot load it.
-        """
+    def _replaced(self, desired: list[ServedVersion]) -> set[str]:
+        """The Triton models served until now whose version now comes from other files:
+        deleted and registered again under the same name and number."""
         replaced = set()
         for version in desired:
             model = triton_model_name(version.name, version.version)
             known = self.serving.get(model)
             if known is not None and known.source != version.source:
                 replaced.add(model)
-        if replaced:
-            log.info("%s registered again: off the table while Triton reloads", sorted(replaced))
-            marked = [replace(v, reloading=m in replaced) for m, v in self.serving.items()]
-            self.deploy(marked)
+        return replaced
+
+    def _withdraw(self, replaced: set[str]) -> None:
+        """Have the replicas let go of ``replaced`` before Triton reloads them in place.
+
+        Their Triton models keep their names; until the new files are in, replicas would
+        send ids from the first files' tokenizer to the new graph (and label its scores
+        with the first files' labels), so a table marking those versions ``reloading``
+        must be in force, which ``deploy`` waits for, before Triton swaps the files.
+        Meanwhile a reloading canary's share goes to its champion, and a model whose
+        champion reloads answers 503 (retry shortly), as when a replica cannot load it.
+        """
+        log.info("%s registered again: off the table while Triton reloads", sorted(replaced))
+        self.deploy([replace(v, reloading=m in replaced) for m, v in self.serving.items()])
 
     def _failed(
         self, version: ServedVersion, reason: str, wanted: set[str], result: ReconcileResult

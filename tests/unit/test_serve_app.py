@@ -147,6 +147,29 @@ def test_a_version_being_reloaded_answers_nothing_until_its_new_files_arrive(mon
     assert replica._frontend.models["a"].versions[1].served.source == "src/a2-again"
 
 
+def adoption_while_busy(replica, table: list[ServedVersion], busy) -> tuple[int, int]:
+    """Pull ``table`` while ``busy`` (something with ``in_flight`` of 1) has a request
+    under way; the replica's adopted table version then, and once the request is done."""
+
+    async def newer(known: int):
+        return replica._table_version + 1, [v.to_dict() for v in table]
+
+    replica._state = SimpleNamespace(table=SimpleNamespace(remote=newer))
+    installed = replica._table_version + 1
+
+    async def scenario() -> tuple[int, int]:
+        pulling = asyncio.create_task(replica._pull_table())
+        while replica._table_version != installed:  # the new table is installed ...
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.02)  # ... and the request still under way
+        while_busy = replica._adopted
+        busy.in_flight = 0
+        await pulling
+        return while_busy, replica._adopted
+
+    return asyncio.run(scenario())
+
+
 def test_a_table_with_a_reloading_version_is_adopted_once_its_requests_are_done(
     monkeypatch, tmp_path
 ):
@@ -154,26 +177,10 @@ def test_a_table_with_a_reloading_version_is_adopted_once_its_requests_are_done(
     first = ServedVersion("a", "1", "text-classification", "src/a1")
     replica._apply([first], 1)
     replica._table_version, replica._adopted = 1, 1
-    replica._loaded[("a", "1")].in_flight = 1  # a request still waits for Triton
-    reloading = replace(first, reloading=True)
-
-    async def table(known: int):
-        return 2, [reloading.to_dict()]
-
-    replica._state = SimpleNamespace(table=SimpleNamespace(remote=table))
-
-    async def scenario() -> tuple[int, int]:
-        pulling = asyncio.create_task(replica._pull_table())
-        while replica._table_version != 2:  # the new table is installed ...
-            await asyncio.sleep(0.001)
-        await asyncio.sleep(0.02)  # ... and the request to the first files still out
-        while_out = replica._adopted
-        runtime.in_flight = 0
-        await pulling
-        return while_out, replica._adopted
-
     runtime = replica._loaded[("a", "1")]
-    assert asyncio.run(scenario()) == (1, 2)
+    runtime.in_flight = 1  # a request still waits for Triton
+    reloading = replace(first, reloading=True)
+    assert adoption_while_busy(replica, [reloading], runtime) == (1, 2)
 
 
 def test_a_table_is_adopted_once_the_previous_front_ends_requests_are_done(monkeypatch, tmp_path):
@@ -186,23 +193,8 @@ def test_a_table_is_adopted_once_the_previous_front_ends_requests_are_done(monke
     replica._table_version, replica._adopted = 1, 1
     previous = replica._frontend
     previous.in_flight = 1  # a request reading its body
-
-    async def table(known: int):
-        return 2, [ServedVersion("a", "2", "text-classification", "src/a2").to_dict()]
-
-    replica._state = SimpleNamespace(table=SimpleNamespace(remote=table))
-
-    async def scenario() -> tuple[int, int]:
-        pulling = asyncio.create_task(replica._pull_table())
-        while replica._table_version != 2:
-            await asyncio.sleep(0.001)
-        await asyncio.sleep(0.02)
-        while_reading = replica._adopted
-        previous.in_flight = 0
-        await pulling
-        return while_reading, replica._adopted
-
-    assert asyncio.run(scenario()) == (1, 2)
+    second = ServedVersion("a", "2", "text-classification", "src/a2")
+    assert adoption_while_busy(replica, [second], previous) == (1, 2)
     assert replica._frontend is not previous
 
 
