@@ -63,8 +63,9 @@ class TextTokenizer:
         input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
         attention_mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
         lengths = attention_mask.sum(axis=1)
+        # Padding positions are flagged as special too: count only the attended ones.
         special = np.array([e.special_tokens_mask for e in encodings], dtype=np.int64)
-        content = np.maximum(lengths - special.sum(axis=1), 1)
+        content = np.maximum(lengths - (special * attention_mask).sum(axis=1), 1)
         if self._unk_id is None:
             unknown = np.zeros(len(texts))
         else:

@@ -38,6 +38,16 @@ def test_unknown_token_ratio_counts_only_content_tokens(tokenizer):
     assert batch.unknown_ratio[1] == 0.0
 
 
+def test_unknown_token_ratio_ignores_padding(tokenizer):
+    # The tokenizer flags padding as special tokens; a short text padded beside a long
+    # one keeps the ratio it has alone.
+    alone = tokenizer(["hello 𓀀"])
+    padded = tokenizer(["hello 𓀀", "a somewhat longer sentence than the first one"])
+    assert padded.input_ids.shape[1] > alone.input_ids.shape[1]
+    assert padded.unknown_ratio[0] == pytest.approx(0.5) == alone.unknown_ratio[0]
+    assert padded.unknown_ratio[1] == 0.0
+
+
 SPREAD_PROBE = """
 import os, sys
 from infergate.tokenization import TextTokenizer, tokenize_serially
