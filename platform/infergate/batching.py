@@ -8,6 +8,11 @@ under load the batches grow by themselves. One call instead of N saves what is p
 call on both sides: building the gRPC message in Python, Triton's request handling, and
 the Python-backend stub's per-request work.
 
+Under load heavy enough to fill whole calls (``max_rows`` rows waiting), up to
+``full_calls_ahead`` more calls may be out, full ones only: they wait in Triton's queue,
+so an instance that finishes a batch starts the next at once instead of idling while the
+replica turns the answer around. Lighter load never sends them, and its calls stay big.
+
 Right-padding rows of different lengths is invisible in the results because every served
 graph pools with the attention mask (see ``infergate.triton.backend_model``).
 """
@@ -43,7 +48,17 @@ class _Lane:
     """The requests waiting for one Triton model, and how many calls it has out."""
 
     waiting: deque[_Waiting] = field(default_factory=deque)
+    waiting_rows: int = 0  # of ``waiting``, callers that gave up included until skipped
     in_flight: int = 0
+
+    def push(self, item: _Waiting) -> None:
+        self.waiting.append(item)
+        self.waiting_rows += item.rows
+
+    def pop(self) -> _Waiting:
+        item = self.waiting.popleft()
+        self.waiting_rows -= item.rows
+        return item
 
 
 class BatchingBackend:
@@ -52,15 +67,20 @@ class BatchingBackend:
     Meant for one asyncio event loop (a replica's). ``max_rows`` caps the rows of one call
     (Triton's ``max_batch_size``); a single request larger than that is sent in slices.
     ``max_in_flight`` calls per model may be out at once, so Triton can run one batch
-    while the replica prepares the next.
+    while the replica prepares the next; ``full_calls_ahead`` more when each is full.
     """
 
-    def __init__(self, backend: Backend, *, max_rows: int, max_in_flight: int) -> None:
+    def __init__(
+        self, backend: Backend, *, max_rows: int, max_in_flight: int, full_calls_ahead: int = 0
+    ) -> None:
         if max_rows < 1 or max_in_flight < 1:
             raise ValueError("max_rows and max_in_flight must be at least 1")
+        if full_calls_ahead < 0:
+            raise ValueError("full_calls_ahead must be at least 0")
         self.backend = backend
         self.max_rows = max_rows
         self.max_in_flight = max_in_flight
+        self.full_calls_ahead = full_calls_ahead
         self._lanes: dict[str, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # strong references while they run
 
@@ -83,12 +103,20 @@ class BatchingBackend:
             return np.concatenate(await asyncio.gather(*parts))
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         lane = self._lanes.setdefault(model, _Lane())
-        lane.waiting.append(_Waiting(input_ids, attention_mask, output_name, future))
+        lane.push(_Waiting(input_ids, attention_mask, output_name, future))
         self._dispatch(model, lane)
         return await future
 
+    def _may_send(self, lane: _Lane) -> bool:
+        if lane.in_flight < self.max_in_flight:
+            return True
+        return (
+            lane.in_flight < self.max_in_flight + self.full_calls_ahead
+            and lane.waiting_rows >= self.max_rows
+        )
+
     def _dispatch(self, model: str, lane: _Lane) -> None:
-        while lane.waiting and lane.in_flight < self.max_in_flight:
+        while lane.waiting and self._may_send(lane):
             batch = self._take(lane)
             if not batch:  # every waiting caller gave up
                 continue
@@ -105,13 +133,13 @@ class BatchingBackend:
         while lane.waiting:
             head = lane.waiting[0]
             if head.future.done():  # cancelled: its client went away
-                lane.waiting.popleft()
+                lane.pop()
                 continue
             if batch and (
                 rows + head.rows > self.max_rows or head.output_name != batch[0].output_name
             ):
                 break
-            batch.append(lane.waiting.popleft())
+            batch.append(lane.pop())
             rows += head.rows
         return batch
 

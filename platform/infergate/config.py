@@ -102,6 +102,14 @@ class FrontendSettings(Frozen):
         description="Triton calls per model a replica keeps out at once; requests arriving "
         "meanwhile wait and leave together as the next call.",
     )
+    batch_full_calls_ahead: int = Field(
+        2,
+        ge=0,
+        description="Calls per model a replica may keep out beyond batch_max_in_flight when "
+        "each is full (batch_max_rows rows): they wait in Triton's queue, so an instance "
+        "that finishes a batch starts the next at once. Only load that fills whole calls "
+        "sends them. 0 turns them off.",
+    )
     artifact_cache_dir: Path = Field(
         PROJECT_ROOT / ".infergate" / "artifacts",
         description="Where replicas keep tokenizers and metadata downloaded from MLflow.",

@@ -139,7 +139,10 @@ class FrontendDeployment:
             triton = TritonBackend(settings.triton_grpc_url, settings.triton_timeout_s)
         # Calls in flight finish on the batcher they left from.
         self._backend = BatchingBackend(
-            triton, max_rows=settings.batch_max_rows, max_in_flight=settings.batch_max_in_flight
+            triton,
+            max_rows=settings.batch_max_rows,
+            max_in_flight=settings.batch_max_in_flight,
+            full_calls_ahead=settings.batch_full_calls_ahead,
         )
         self._apply(self._served, self._table_version)
 

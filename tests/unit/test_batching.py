@@ -119,6 +119,32 @@ def test_batches_stop_at_max_rows_and_calls_at_max_in_flight() -> None:
     asyncio.run(scenario())
 
 
+def test_beyond_max_in_flight_only_full_calls_go_out_up_to_the_calls_ahead() -> None:
+    async def scenario() -> None:
+        backend = HeldBackend()
+        batching = BatchingBackend(backend, max_rows=2, max_in_flight=1, full_calls_ahead=1)
+        calls = [send(batching, [1])]
+        await settle()
+        calls.append(send(batching, [2]))
+        await settle()
+        # One call out, one row waiting: not a full call, so it waits for a slot.
+        assert [c[1][:, 0].tolist() for c in backend.calls] == [[1]]
+        calls.append(send(batching, [3]))
+        await settle()
+        # Two rows waiting fill a call: it goes out ahead, to wait in the backend's queue.
+        assert [c[1][:, 0].tolist() for c in backend.calls] == [[1], [2, 3]]
+        calls += [send(batching, [4]), send(batching, [5])]
+        await settle()
+        assert len(backend.calls) == 2  # full, but the one call ahead is out already
+        backend.release.set()
+        results = await asyncio.gather(*calls)
+        assert [c[1][:, 0].tolist() for c in backend.calls] == [[1], [2, 3], [4, 5]]
+        for n, result in enumerate(results, start=1):
+            np.testing.assert_array_equal(result, [[n, 1.0]])
+
+    asyncio.run(scenario())
+
+
 def test_a_request_above_max_rows_is_sent_in_slices() -> None:
     async def scenario() -> None:
         backend = HeldBackend()
@@ -206,6 +232,8 @@ def test_a_caller_that_gave_up_is_skipped() -> None:
 def test_limits_must_be_positive() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         BatchingBackend(HeldBackend(), max_rows=0, max_in_flight=1)
+    with pytest.raises(ValueError, match="at least 0"):
+        BatchingBackend(HeldBackend(), max_rows=4, max_in_flight=1, full_calls_ahead=-1)
 
 
 def test_a_batcher_is_idle_once_nothing_waits_and_no_call_is_out():

@@ -239,6 +239,18 @@ def test_control_plane_settings_are_known_to_config(compose):
     assert env["INFERGATE_TRITON__EXTERNAL_HOST"] in compose["services"]
 
 
+def test_replicas_send_no_call_larger_than_tritons_batch(compose):
+    # The control plane writes Triton's model configs from deployments/local.yaml and its
+    # environment; Triton refuses a call of more rows than their max_batch_size.
+    env = env_of(compose["services"]["control-plane"])
+    known = {
+        k: v for k, v in env.items() if k.startswith("INFERGATE_") and k not in PENDING_SETTINGS
+    }
+    triton = load_config(environ=known).triton
+    args = config_content(compose, "serve")["applications"][0]["args"]
+    assert args["batch_max_rows"] <= triton.max_batch_size
+
+
 def helm_serve_config() -> dict[str, Any]:
     with helm_python.Chart.load(PROJECT_ROOT / "helm" / "infergate") as chart:
         files = chart.render(None, name="demo", namespace="ml")

@@ -300,8 +300,9 @@ def test_builder_args_are_frontend_settings():
 def test_coalescing_settings_reach_the_replicas_capped_at_tritons_batch():
     args = frontend_app(render("defaults"))["args"]
     assert (args["batch_max_rows"], args["batch_max_in_flight"]) == (64, 4)
+    assert args["batch_full_calls_ahead"] == 2
     values = {
-        "frontend": {"batchMaxRows": 128, "batchMaxInFlight": 2},
+        "frontend": {"batchMaxRows": 128, "batchMaxInFlight": 2, "batchFullCallsAhead": 0},
         "triton": {"maxBatchSize": 32},
     }
     args = frontend_app(render(values))["args"]
@@ -310,6 +311,7 @@ def test_coalescing_settings_reach_the_replicas_capped_at_tritons_batch():
     )
     # A call of more rows than Triton's max_batch_size would be refused.
     assert (settings.batch_max_rows, settings.batch_max_in_flight) == (32, 2)
+    assert settings.batch_full_calls_ahead == 0
 
 
 def rejected_settings(env: dict[str, Any]) -> set[str]:

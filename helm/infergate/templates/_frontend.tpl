@@ -25,6 +25,7 @@ applications:
       triton_timeout_s: {{ $fe.tritonTimeoutS }}
       batch_max_rows: {{ min $fe.batchMaxRows .Values.triton.maxBatchSize }}
       batch_max_in_flight: {{ $fe.batchMaxInFlight }}
+      batch_full_calls_ahead: {{ $fe.batchFullCallsAhead }}
       tracking_uri: {{ include "infergate.mlflowUrl" . | quote }}
       artifact_cache_dir: /tmp/infergate/artifacts
     deployments:
