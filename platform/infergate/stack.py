@@ -320,6 +320,11 @@ class Stack:
         }
         if any(child.name == "prometheus" for child in self.children):
             endpoints["prometheus"] = f"http://127.0.0.1:{c.prometheus.port}"
+        if self._serve_started and not c.serve.external:
+            import ray
+
+            # For `ray status --address` and Ray clients (the benchmark deploys into it).
+            endpoints["ray"] = ray.get_runtime_context().gcs_address
         return endpoints
 
     def write_state(self) -> Path:
