@@ -137,3 +137,29 @@ def test_results_folder_has_a_readable_report(results, tmp_path: Path):
 
     text = markdown(results)
     assert "| naive | 32 | 16 | 16 |" in text and "| ensemble | 1 | 1 | 16 |" in text
+
+
+def test_the_lean_front_end_answers_on_the_stack_and_leaves_nothing_behind(tmp_path: Path):
+    # Its own run: it starts the whole stack, which the smoke above leaves out.
+    out = tmp_path / "results"
+    command = [sys.executable, "-m", "infergate.bench.cli", "bench", "--smoke", "--out", str(out)]
+    command += ["--scenarios", "ceiling", "lean"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    record = results["scenarios"]["lean"]
+    assert "error" not in record, record.get("log_tail")
+    assert record["probe"] == {
+        "status": 200,
+        "labels": ["positive", "negative"],
+        "agrees_with_ceiling": True,
+    }
+    cells = {(c["concurrency"], c["texts"], c["tokens"]): c for c in record["cells"]}
+    assert set(cells) == {(c.concurrency, c.texts, c.tokens) for c in TARGET_CELLS}
+    assert all(c["errors"] == 0 and c["requests_per_s"] > 0 for c in cells.values())
+    # It calls the stack's Triton: the model executed the 16-text cell's rows there.
+    batching = cells[(32, 16, 16)]["triton"]
+    assert sum(model["executions"] for model in batching.values()) > 0
+    assert record["info"]["left_after_down"] == []
+    shares = {s["cell"]: s["share"] for s in results["ceiling_shares"] if s["scenario"] == "lean"}
+    assert set(shares) == {"c32-t1-n16", "c32-t16-n16"} and min(shares.values()) > 0

@@ -336,6 +336,25 @@ def test_targets_are_evaluated_and_nothing_is_dropped():
     assert p99["required"] == 6.0 and p99["passed"] is True
 
 
+def test_a_missed_share_says_what_the_lean_front_end_reached():
+    results = _results()
+    results["scenarios"]["lean"] = {
+        "cells": [_cell(32, 1, 16, 520.0, 55.0, 80.0), _cell(32, 16, 16, 61.0, 490.0, 600.0)]
+    }
+    rows = {(r["target"], r["cell"]): r for r in evaluate_targets(results)}
+    single = rows[("infergate vs ceiling (1 text)", "c=32 texts=1 tokens=16")]
+    assert single["passed"] is False and single["note"] == "the lean front-end 0.52"
+    assert verdict(single) == "MISS 9% short, the lean front-end 0.52"
+    # A miss from failed requests keeps its own note first.
+    multi = rows[("infergate vs ceiling (16 texts)", "c=32 texts=16 tokens=16")]
+    assert multi["note"] == "2 failed requests in the cell, the lean front-end 0.98"
+    results["scenarios"]["lean"]["cells"][0]["errors"] = 1  # a lean cell that failed: no note
+    rows = {(r["target"], r["cell"]): r for r in evaluate_targets(results)}
+    assert rows[("infergate vs ceiling (1 text)", "c=32 texts=1 tokens=16")]["note"] == ""
+    order = markdown(results).split("## Scenarios", 1)[1].split("\n\n")[1]
+    assert [line.split(" | ")[0][2:] for line in order.splitlines()[2:]][3:5] == ["lean"] * 2
+
+
 def test_targets_without_the_platform_say_so():
     results = _results()
     del results["scenarios"]["infergate"]

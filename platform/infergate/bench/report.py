@@ -17,7 +17,8 @@ Each is checked at every token length measured; a cell with errors fails. A miss
 target whose requirement lies below what Triton alone and the floor take together (see
 :func:`latency_budget`) says so in its note; a missed single-text share says what the
 front-end's own work costs per request and how much the target's rate leaves for it (see
-:func:`cpu_budget`).
+:func:`cpu_budget`); a missed share of the ceiling also says what the lean front-end on
+the same stack reached (``infergate.bench.lean``), when it ran.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-SCENARIO_ORDER = ("infergate", "inprocess", "floor", "ensemble", "naive")
+SCENARIO_ORDER = ("infergate", "lean", "inprocess", "floor", "ensemble", "naive")
 # Answers without running the model: no share of the ceiling, no line in the plots (its
 # requests/s would flatten every other line); it bounds the others in the CPU budget.
 WITHOUT_MODEL = frozenset({"floor"})
@@ -151,6 +152,12 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             budget = budgets.get(tokens)
             if texts == 1 and row["passed"] is False and not _errors(cell) and budget:
                 row["note"] = _room_note(budget, results.get("meta", {}).get("cpus") or 1)
+            lean = cell_row(results, "lean", 32, texts, tokens)
+            if row["passed"] is False and lean and not _errors(lean) and ceiling_sps:
+                share_lean = lean["sequences_per_s"] / ceiling_sps
+                row["note"] = ", ".join(
+                    part for part in (row["note"], f"the lean front-end {share_lean:.2f}") if part
+                )
             rows.append(row)
         for texts in (1, 16):
             ours = cell_row(results, "infergate", 32, texts, tokens)

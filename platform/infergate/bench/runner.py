@@ -29,7 +29,7 @@ from infergate.bench.scenarios import SCENARIOS, InfergateStack, Scenario
 from infergate.bench.workload import PROBE_TEXTS, Cell, Profile, TextSets, build_text_sets
 from infergate.config import PROJECT_ROOT, load_config
 
-ALL_SCENARIOS = ("ceiling", "infergate", "inprocess", "floor", "ensemble", "naive")
+ALL_SCENARIOS = ("ceiling", "infergate", "lean", "inprocess", "floor", "ensemble", "naive")
 DISTINCT_BODIES = 64
 # Other work on the box, in percent of one core: below QUIET a cell may start, above NOISY
 # a measurement is taken again.

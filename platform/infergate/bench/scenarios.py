@@ -26,7 +26,7 @@ import orjson
 
 from infergate.bench import procfs
 from infergate.bench.ensemble import ENSEMBLE_MODEL, TEXT_INPUT, write_ensemble_repository
-from infergate.bench.loadgen import HttpTarget, percentile, run_sync
+from infergate.bench.loadgen import HttpTarget, percentile, run_sync, send_once
 from infergate.bench.prepare import MODEL_NAME, PreparedModel, sha256
 from infergate.bench.workload import Profile, TextSets
 from infergate.config import load_config
@@ -281,6 +281,48 @@ class InfergateStack(Scenario):
         return "\n".join(log.read_text(errors="replace").splitlines()[-30:]) if log.exists() else ""
 
 
+class LeanStack(InfergateStack):
+    """The same stack with a lean front-end of its own route (``infergate.bench.lean``)."""
+
+    name = "lean"
+    description = (
+        "lean front-end on the infergate stack: parse, tokenize, one coalesced gRPC call to "
+        "its Triton, softmax; no checks, metrics, drift or headers"
+    )
+    path = "/lean"
+
+    def start(self) -> None:
+        super().start()
+        state = json.loads((self.state_dir / "stack.json").read_text())
+        command = [
+            sys.executable,
+            "-m",
+            "infergate.bench.lean",
+            f"--ray-address={state['ray']}",
+            f"--served-dir={self.prepared.served_dir}",
+            f"--model={self.triton_model}",
+            f"--route={self.path}",
+        ]
+        # A new local Ray cluster turns token authentication on unless RAY_AUTH_MODE says
+        # otherwise (its token in ~/.ray/auth_token), and a client that names the cluster's
+        # address must ask for it, before Ray is imported.
+        env = {"RAY_AUTH_MODE": "token", **self.env}
+        deploy = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S
+        )
+        if deploy.returncode != 0:
+            raise StackError(f"deploying the lean front-end failed:\n{deploy.stderr[-3000:]}")
+        target = self.target([self.body(["ready?"])])
+
+        def answers() -> bool:  # HAProxy learns the new route a moment after the deploy
+            return run_sync(lambda: send_once(target, target.bodies[0]))[0] == 200
+
+        wait_until(None, answers, START_TIMEOUT_S, "the lean front-end")
+
+    def triton_alone(self, texts: TextSets, profile: Profile) -> list[dict[str, Any]]:
+        return []  # the same Triton as the infergate scenario's, which measures it
+
+
 class InprocessServe(_ChildScenario):
     """The same Ray Serve front-end with ONNX Runtime in the replica (no Triton)."""
 
@@ -421,5 +463,5 @@ class EnsembleTriton(_ChildScenario):
 
 SCENARIOS: dict[str, type[Scenario]] = {
     cls.name: cls
-    for cls in (InfergateStack, InprocessServe, FloorServe, EnsembleTriton, NaiveServer)
+    for cls in (InfergateStack, LeanStack, InprocessServe, FloorServe, EnsembleTriton, NaiveServer)
 }
