@@ -339,7 +339,11 @@ def test_targets_are_evaluated_and_nothing_is_dropped():
 def test_a_missed_share_says_what_the_lean_front_end_reached():
     results = _results()
     results["scenarios"]["lean"] = {
-        "cells": [_cell(32, 1, 16, 520.0, 55.0, 80.0), _cell(32, 16, 16, 61.0, 490.0, 600.0)]
+        "cells": [
+            _cell(1, 1, 16, 260.0, 2.9, 4.0),
+            _cell(32, 1, 16, 520.0, 55.0, 80.0),
+            _cell(32, 16, 16, 61.0, 490.0, 600.0),
+        ]
     }
     rows = {(r["target"], r["cell"]): r for r in evaluate_targets(results)}
     single = rows[("infergate vs ceiling (1 text)", "c=32 texts=1 tokens=16")]
@@ -348,11 +352,18 @@ def test_a_missed_share_says_what_the_lean_front_end_reached():
     # A miss from failed requests keeps its own note first.
     multi = rows[("infergate vs ceiling (16 texts)", "c=32 texts=16 tokens=16")]
     assert multi["note"] == "2 failed requests in the cell, the lean front-end 0.98"
-    results["scenarios"]["lean"]["cells"][0]["errors"] = 1  # a lean cell that failed: no note
+    # A target met needs no note: infergate's c=1 p50 of 3.0 is within 2 + 1.5 ms.
+    latency = rows[("c=1 p50 <= ceiling batch-1 p50 + 1.5 ms", "c=1 texts=1 tokens=16")]
+    assert latency["passed"] is True and latency["note"] == ""
+    results["scenarios"]["infergate"]["cells"][0]["p50_ms"] = 4.0
+    rows = {(r["target"], r["cell"]): r for r in evaluate_targets(results)}
+    latency = rows[("c=1 p50 <= ceiling batch-1 p50 + 1.5 ms", "c=1 texts=1 tokens=16")]
+    assert latency["note"] == "the lean front-end 2.90 ms"
+    results["scenarios"]["lean"]["cells"][1]["errors"] = 1  # a lean cell that failed: no note
     rows = {(r["target"], r["cell"]): r for r in evaluate_targets(results)}
     assert rows[("infergate vs ceiling (1 text)", "c=32 texts=1 tokens=16")]["note"] == ""
     order = markdown(results).split("## Scenarios", 1)[1].split("\n\n")[1]
-    assert [line.split(" | ")[0][2:] for line in order.splitlines()[2:]][3:5] == ["lean"] * 2
+    assert [line.split(" | ")[0][2:] for line in order.splitlines()[2:]][3:6] == ["lean"] * 3
 
 
 def test_targets_without_the_platform_say_so():
@@ -678,10 +689,11 @@ def test_plots_leave_the_floor_out_and_colour_variants_apart():
     results["scenarios"]["floor"] = {"cells": []}
     results["scenarios"]["infergate (a)"] = {"cells": []}
     results["scenarios"]["infergate (b)"] = {"cells": []}
+    results["scenarios"]["lean"] = {"cells": []}
     plotted = dict(_plotted(results))
     assert "floor" not in plotted
-    colours = [plotted[name] for name in ("infergate", "infergate (a)", "infergate (b)")]
-    assert len(set(colours)) == 3
+    names = ("infergate", "infergate (a)", "infergate (b)", "lean", "naive", "inprocess")
+    assert len({plotted[name] for name in names}) == len(names)
 
 
 def test_a_stack_running_beside_the_benchmark_is_found(tmp_path, monkeypatch):

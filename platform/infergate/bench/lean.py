@@ -39,12 +39,10 @@ APP_NAME = "lean"
 class LeanFrontend:
     """Body in, labels out: tokenize, one coalesced Triton call, softmax."""
 
-    def __init__(
-        self, settings: dict, tokenizer_dir: str, max_length: int, model: str, spec: dict
-    ) -> None:
+    def __init__(self, settings: dict, tokenizer_dir: str, model: str, spec: dict) -> None:
         tokenize_serially()  # as the platform's replicas do
         frontend = FrontendSettings.model_validate(settings)
-        self._tokenizer = TextTokenizer.from_dir(Path(tokenizer_dir), max_length)
+        self._tokenizer = TextTokenizer.from_dir(Path(tokenizer_dir), int(spec["max_length"]))
         self._backend = BatchingBackend(
             TritonBackend(frontend.triton_grpc_url, frontend.triton_timeout_s),
             max_rows=frontend.batch_max_rows,
@@ -90,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     app = LeanFrontend.options(**replica_options(config.serve)).bind(
         config.frontend_settings().model_dump(mode="json"),
         str(args.served_dir.resolve() / "tokenizer"),
-        int(spec["max_length"]),
         args.model,
         spec,
     )

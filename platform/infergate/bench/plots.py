@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt
 
 from infergate.bench.report import CEILING_BATCH, WITHOUT_MODEL, ceiling_row
 
-COLORS = {"infergate": "C0", "inprocess": "C2", "ensemble": "C1", "naive": "C3"}
+# The lean front-end in grey: a bound for infergate rather than a rival layout.
+COLORS = {"infergate": "C0", "lean": "C7", "inprocess": "C2", "ensemble": "C1", "naive": "C3"}
 VARIANT_COLORS = ("C4", "C5", "C6", "C8", "C9")  # "infergate (label)", in order
 
 
