@@ -5,8 +5,8 @@ a Ray Serve deployment with the platform's replica options and autoscaling, and
 :class:`infergate.frontend.Frontend` with its parsing, limits, tokenizer, post-processing,
 Ray metrics and drift monitors. The backend, :class:`OrtBackend`, replaces the gRPC call to
 Triton with ONNX Runtime in the replica; concurrent requests are coalesced into one batch
-(up to ``triton.max_batch_size`` rows, one batch at a time) by the platform's own
-:class:`~infergate.batching.BatchingBackend`.
+(up to ``triton.max_batch_size`` rows, one batch at a time, full ones queued ahead) by the
+platform's own :class:`~infergate.batching.BatchingBackend`.
 
 Not included: the replica's report of canary counters to the stats actor (once a second).
 
@@ -90,13 +90,16 @@ class InprocessFrontend:
 
         tokenize_serially()  # as the platform's replicas do
         t = TritonSettings.model_validate(triton)
+        settings = FrontendSettings.model_validate(frontend)
         spec = Spec.from_dict(model["spec"])
         # One session with a thread per core (ONNX Runtime's default) has the machine,
-        # as the ceiling does; one batch at a time, as many rows as Triton would take.
+        # as the ceiling does; one batch at a time, as many rows as Triton would take,
+        # and full batches queued ahead as the platform's replicas queue them in Triton.
         backend = BatchingBackend(
             OrtBackend(Path(model["onnx"]), threads=0),
             max_rows=t.max_batch_size,
             max_in_flight=1,
+            full_calls_ahead=settings.batch_full_calls_ahead,
         )
         served = ServedVersion(model["name"], model["version"], spec.task, model["onnx"])
         tokenizer = TextTokenizer.from_dir(Path(model["tokenizer"]), spec.max_length)
@@ -106,7 +109,7 @@ class InprocessFrontend:
         self._flushing = asyncio.get_running_loop().create_task(self._flush_forever())
         models = {served.name: ServedModel(served.name, spec.task, (runtime,))}
         self._frontend = Frontend(
-            FrontendSettings.model_validate(frontend),
+            settings,
             backend,
             models,
             telemetry=telemetry,
