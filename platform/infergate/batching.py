@@ -22,11 +22,15 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from infergate.errors import BackendUnavailable, InfergateError
 from infergate.runtime import Backend
+
+if TYPE_CHECKING:
+    from infergate.config import FrontendSettings
 
 PAD_ID = 0  # any id works under mask 0; BERT's [PAD] is 0
 
@@ -48,17 +52,7 @@ class _Lane:
     """The requests waiting for one Triton model, and how many calls it has out."""
 
     waiting: deque[_Waiting] = field(default_factory=deque)
-    waiting_rows: int = 0  # of ``waiting``, callers that gave up included until skipped
     in_flight: int = 0
-
-    def push(self, item: _Waiting) -> None:
-        self.waiting.append(item)
-        self.waiting_rows += item.rows
-
-    def pop(self) -> _Waiting:
-        item = self.waiting.popleft()
-        self.waiting_rows -= item.rows
-        return item
 
 
 class BatchingBackend:
@@ -84,6 +78,16 @@ class BatchingBackend:
         self._lanes: dict[str, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # strong references while they run
 
+    @classmethod
+    def from_settings(cls, backend: Backend, settings: FrontendSettings) -> BatchingBackend:
+        """The coalescing a front-end replica's settings ask for."""
+        return cls(
+            backend,
+            max_rows=settings.batch_max_rows,
+            max_in_flight=settings.batch_max_in_flight,
+            full_calls_ahead=settings.batch_full_calls_ahead,
+        )
+
     @property
     def idle(self) -> bool:
         """No request waits in a lane and no call is out."""
@@ -103,17 +107,21 @@ class BatchingBackend:
             return np.concatenate(await asyncio.gather(*parts))
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         lane = self._lanes.setdefault(model, _Lane())
-        lane.push(_Waiting(input_ids, attention_mask, output_name, future))
+        lane.waiting.append(_Waiting(input_ids, attention_mask, output_name, future))
         self._dispatch(model, lane)
         return await future
 
     def _may_send(self, lane: _Lane) -> bool:
         if lane.in_flight < self.max_in_flight:
             return True
-        return (
-            lane.in_flight < self.max_in_flight + self.full_calls_ahead
-            and lane.waiting_rows >= self.max_rows
-        )
+        if lane.in_flight >= self.max_in_flight + self.full_calls_ahead:
+            return False
+        rows = 0  # beyond max_in_flight only with a full call's worth waiting
+        for item in lane.waiting:  # callers that gave up count until skipped
+            rows += item.rows
+            if rows >= self.max_rows:
+                return True
+        return False
 
     def _dispatch(self, model: str, lane: _Lane) -> None:
         while lane.waiting and self._may_send(lane):
@@ -133,13 +141,13 @@ class BatchingBackend:
         while lane.waiting:
             head = lane.waiting[0]
             if head.future.done():  # cancelled: its client went away
-                lane.pop()
+                lane.waiting.popleft()
                 continue
             if batch and (
                 rows + head.rows > self.max_rows or head.output_name != batch[0].output_name
             ):
                 break
-            batch.append(lane.pop())
+            batch.append(lane.waiting.popleft())
             rows += head.rows
         return batch
 

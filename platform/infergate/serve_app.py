@@ -138,12 +138,7 @@ class FrontendDeployment:
                 self._close_later(self._backend, triton)
             triton = TritonBackend(settings.triton_grpc_url, settings.triton_timeout_s)
         # Calls in flight finish on the batcher they left from.
-        self._backend = BatchingBackend(
-            triton,
-            max_rows=settings.batch_max_rows,
-            max_in_flight=settings.batch_max_in_flight,
-            full_calls_ahead=settings.batch_full_calls_ahead,
-        )
+        self._backend = BatchingBackend.from_settings(triton, settings)
         self._apply(self._served, self._table_version)
 
     def _close_later(self, batcher: BatchingBackend, replaced: TritonBackend) -> None:

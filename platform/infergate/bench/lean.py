@@ -43,11 +43,8 @@ class LeanFrontend:
         tokenize_serially()  # as the platform's replicas do
         frontend = FrontendSettings.model_validate(settings)
         self._tokenizer = TextTokenizer.from_dir(Path(tokenizer_dir), int(spec["max_length"]))
-        self._backend = BatchingBackend(
-            TritonBackend(frontend.triton_grpc_url, frontend.triton_timeout_s),
-            max_rows=frontend.batch_max_rows,
-            max_in_flight=frontend.batch_max_in_flight,
-            full_calls_ahead=frontend.batch_full_calls_ahead,
+        self._backend = BatchingBackend.from_settings(  # the platform's replicas' coalescing
+            TritonBackend(frontend.triton_grpc_url, frontend.triton_timeout_s), frontend
         )
         self._model = model
         self._output = spec["output_name"]
