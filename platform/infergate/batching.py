@@ -22,17 +22,24 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from infergate.errors import BackendUnavailable, InfergateError
-from infergate.runtime import Backend
 
 if TYPE_CHECKING:
     from infergate.config import FrontendSettings
 
 PAD_ID = 0  # any id works under mask 0; BERT's [PAD] is 0
+
+
+class Backend(Protocol):
+    """Runs a Triton model on token ids: Triton over gRPC, or a batcher in front of it."""
+
+    async def infer(
+        self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
+    ) -> np.ndarray: ...
 
 
 @dataclass

@@ -13,9 +13,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from infergate import canary_cli
 from infergate.bench import cli as bench_cli
 from infergate.config import TASKS, StackConfig, load_config
+from infergate.control import cli as canary_cli
 from infergate.dashboards import cli as dashboards_cli
 from infergate.errors import InfergateError, StackError, exit_code
 
@@ -73,8 +73,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.start()
         if args.demo:
             _register_demo(config)
-        stack.reconcile()
-        if stack.control_plane and stack.control_plane.serving:
+        assert stack.control is not None
+        stack.control.reconcile()
+        if stack.control.serving:
             stack.wait_serving()
         stack.write_state()
         _print_endpoints(stack.endpoints())
@@ -172,7 +173,7 @@ def _registry(args: argparse.Namespace):
 
 
 def cmd_register(args: argparse.Namespace) -> int:
-    from infergate.register import describe, register_model
+    from infergate.intake import describe, register_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     registered = register_model(

@@ -14,8 +14,9 @@ import tempfile
 from pathlib import Path
 
 from infergate.config import PROJECT_ROOT
-from infergate.register import describe, register_model
-from infergate.registry import CHAMPION, Registry
+from infergate.intake import describe, register_model
+from infergate.registry import Registry
+from infergate.versions import CHAMPION
 
 log = logging.getLogger(__name__)
 SENTIMENT_DATA = PROJECT_ROOT / "registry" / "demo" / "sentiment.tsv"

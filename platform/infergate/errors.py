@@ -1,8 +1,10 @@
-"""Typed errors. Each carries its HTTP status; one handler turns any of them into
-``{"error": message, "type": kind}``."""
+"""Typed errors, every one the platform raises. Each carries its HTTP status; one handler
+(``infergate.http``) turns any of them into ``{"error": message, "type": kind}``, and
+``exit_code`` into one line on the command line."""
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 
@@ -19,6 +21,10 @@ class InfergateError(Exception):
 
     def to_body(self) -> dict[str, str]:
         return {"error": self.message, "type": self.kind}
+
+    def headers(self) -> dict[str, str]:
+        """Response headers the status asks for (``Retry-After`` on a 429)."""
+        return {}
 
 
 def exit_code(command: Callable[[], int]) -> int:
@@ -51,6 +57,13 @@ class UnsupportedMediaType(InfergateError):
     kind = "unsupported_media_type"
 
 
+class Unauthorized(InfergateError):
+    """No valid credentials: an admin token, or a webhook's signature."""
+
+    status = 401
+    kind = "unauthorized"
+
+
 class ModelNotFound(InfergateError):
     status = 404
     kind = "model_not_found"
@@ -64,6 +77,29 @@ class RouteNotFound(InfergateError):
 class MethodNotAllowed(InfergateError):
     status = 405
     kind = "method_not_allowed"
+
+
+class RolloutConflict(InfergateError):
+    """A rollout command that the model's rollout state does not allow."""
+
+    status = 409
+    kind = "rollout_conflict"
+
+
+class Overloaded(InfergateError):
+    """More work than the server takes now; the client should come back after
+    ``retry_after_s``."""
+
+    status = 429
+    kind = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        # Retry-After takes whole seconds (RFC 9110, section 10.2.3).
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
 
 class ClientClosedRequest(InfergateError):
@@ -87,6 +123,13 @@ class BackendTimeout(BackendUnavailable):
     kind = "backend_timeout"
 
 
+class DeliveryUnderWay(InfergateError):
+    """A webhook delivery whose first attempt is still being handled."""
+
+    status = 503  # MLflow retries a 503, backing off
+    kind = "delivery_under_way"
+
+
 class RegistrationError(InfergateError):
     """Registering a model failed: a broken folder, a wrong task, a parity failure."""
 
@@ -97,3 +140,15 @@ class StackError(InfergateError):
     """The local stack could not start: a port in use, a missing binary, a dead process."""
 
     kind = "stack_error"
+
+
+class CommandFailed(InfergateError):
+    """The control plane refused a command (``infergate canary ...``); its message says why."""
+
+    kind = "command_failed"
+
+
+class DashboardError(InfergateError):
+    """Generating, pushing or rendering dashboards failed for a reason the user can fix."""
+
+    kind = "dashboard_error"

@@ -8,18 +8,14 @@ deployment (``infergate.serve_app``) only hosts it. Every error becomes one JSON
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
 
-import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from infergate.batching import Backend
 from infergate.config import FrontendSettings
 from infergate.errors import (
     BackendUnavailable,
@@ -30,83 +26,21 @@ from infergate.errors import (
     PayloadTooLarge,
     RouteNotFound,
 )
+from infergate.http import answer, json_response
+from infergate.metrics import TOTAL
 from infergate.monitor import Monitors
 from infergate.openapi import openapi_document
 from infergate.protocol import Limits, check_content_type, parse_predict
-from infergate.runtime import Backend, ModelRuntime, Prediction
+from infergate.routing import ServedModel
+from infergate.runtime import ModelRuntime, Prediction
 from infergate.telemetry import NullTelemetry, Telemetry
 
 log = logging.getLogger(__name__)
-JSON = "application/json"
 READINESS_CACHE_S = 1.0
 UNKNOWN_MODEL_LABEL = "_unknown"
 # Status recorded for a request whose client went away before the answer (nginx's 499);
 # no response is sent.
 CLIENT_CLOSED_REQUEST = ClientClosedRequest.status
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """The versions of one model a replica serves, with their traffic weights."""
-
-    name: str
-    task: str
-    versions: tuple[ModelRuntime, ...]
-
-    def pick(
-        self,
-        routing_key: str | None = None,
-        pinned: str | None = None,
-        draw: Callable[[], float] = random.random,
-    ) -> ModelRuntime:
-        """The version to answer: pinned if asked; else by weight, sticky per routing key."""
-        if pinned is not None:
-            for runtime in self.versions:
-                if runtime.served.version == pinned:
-                    return runtime
-            served = ", ".join(v.served.version for v in self.versions)
-            raise ModelNotFound(
-                f"version {pinned!r} of model {self.name!r} is not served; served: {served}"
-            )
-        if len(self.versions) == 1:
-            return self.versions[0]
-        point = (
-            (_bucket(routing_key) if routing_key is not None else draw() * 100.0)
-            * sum(v.served.weight for v in self.versions)
-            / 100.0
-        )
-        # Canaries take the lowest buckets: as their weight grows, a key that was on the
-        # canary stays there.
-        for runtime in sorted(self.versions, key=lambda v: v.served.role != "canary"):
-            point -= runtime.served.weight
-            if point < 0:
-                return runtime
-        return max(self.versions, key=lambda v: v.served.weight)  # never one at weight 0
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "task": self.task,
-            "versions": [
-                {"version": v.served.version, "role": v.served.role, "weight": v.served.weight}
-                for v in self.versions
-            ],
-        }
-
-
-def _bucket(key: str) -> float:
-    """A stable point in [0, 100) for a routing key (the same on every replica)."""
-    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % 10_000 / 100.0
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-    return Response(content, status_code=status, headers=headers, media_type=JSON)
-
-
-def error_response(error: InfergateError) -> Response:
-    return json_response(error.to_body(), status=error.status)
 
 
 class Frontend:
@@ -150,14 +84,8 @@ class Frontend:
     async def handle(self, request: Request) -> Response:
         self.in_flight += 1
         try:
-            return await self._route(request)
-        except InfergateError as error:
-            if error.status >= 500:
-                log.warning("%s %s failed: %s", request.method, request.url.path, error)
-            return error_response(error)
-        except Exception:
-            log.exception("unhandled error on %s %s", request.method, request.url.path)
-            return json_response({"error": "internal error", "type": "internal_error"}, 500)
+            what = f"{request.method} {request.url.path}"
+            return await answer(lambda: self._route(request), what)
         finally:
             self.in_flight -= 1
 
@@ -220,8 +148,8 @@ class Frontend:
             prediction = await runtime.predict(parsed.texts, parsed.parameters, self.backend)
             payload = {"model": model.name, "version": version, "outputs": prediction.outputs}
             response = json_response(payload)
-            compute_ms = (time.perf_counter() - start) * 1e3
-            response.headers.update(_timing_headers(prediction, compute_ms, runtime))
+            total_s = time.perf_counter() - start
+            response.headers.update(_timing_headers(prediction, total_s, runtime))
             status = 200
             return response
         except InfergateError as error:
@@ -285,12 +213,9 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _timing_headers(prediction: Prediction, compute_ms: float, runtime: ModelRuntime) -> dict:
-    t = prediction.timings
-    return {
-        "x-model-version": runtime.served.version,
-        "x-compute-time": f"{compute_ms:.3f}",
-        "x-tokenization-time": f"{t.tokenize:.3f}",
-        "x-inference-time": f"{t.inference:.3f}",
-        "x-postprocess-time": f"{t.postprocess:.3f}",
-    }
+def _timing_headers(prediction: Prediction, total_s: float, runtime: ModelRuntime) -> dict:
+    """The version that answered, and each stage's milliseconds."""
+    headers = {"x-model-version": runtime.served.version, TOTAL.header: f"{total_s * 1e3:.3f}"}
+    for stage, seconds in prediction.timings.stages():
+        headers[stage.header] = f"{seconds * 1e3:.3f}"
+    return headers

@@ -30,8 +30,22 @@ CONFIDENCE_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 1.0)
 NORM_BUCKETS = (0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 15.0, 20.0)
 TEXTS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
-# The same stage names appear in the timing headers (x-tokenization-time ...).
-STAGES = ("total", "tokenize", "inference", "postprocess")
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage of a request: its ``stage`` label on the duration histogram (and so in the
+    dashboards), and the response header that carries its milliseconds."""
+
+    name: str
+    header: str
+    spent: str  # where the time goes, for the API documentation
+
+
+TOTAL = Stage("total", "x-compute-time", "in the front-end and backend, whole pipeline")
+TOKENIZE = Stage("tokenize", "x-tokenization-time", "tokenizing")
+INFERENCE = Stage("inference", "x-inference-time", "in the Triton call")
+POSTPROCESS = Stage("postprocess", "x-postprocess-time", "post-processing")
+STAGES = (TOTAL, TOKENIZE, INFERENCE, POSTPROCESS)
 
 Kind = Literal["counter", "histogram", "gauge"]
 

@@ -1,7 +1,7 @@
 """Per-version statistics a front-end replica keeps.
 
 - drift of live traffic against the registration reference, published as gauges;
-- request counters (``infergate.stats``) that the control plane's canary analysis reads.
+- request counters (``infergate.counters``) that the control plane's canary analysis reads.
 
 Drift gauges are published at most once per ``publish_interval_s``; the counters are
 read by the replica's sync loop.
@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from infergate.counters import VersionCounters
 from infergate.drift import DriftWindow
 from infergate.runtime import ModelRuntime, Prediction
-from infergate.stats import VersionCounters
 from infergate.telemetry import Telemetry
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from infergate import __version__
+from infergate.metrics import STAGES
 
 
 class PredictBody(BaseModel):
@@ -69,10 +70,7 @@ TIMING_HEADERS = {
     name: {"description": text, "schema": {"type": "string"}}
     for name, text in {
         "x-model-version": "The model version that answered.",
-        "x-compute-time": "Milliseconds spent in the front-end and backend, whole pipeline.",
-        "x-tokenization-time": "Milliseconds spent tokenizing.",
-        "x-inference-time": "Milliseconds spent in the Triton call.",
-        "x-postprocess-time": "Milliseconds spent post-processing.",
+        **{stage.header: f"Milliseconds spent {stage.spent}." for stage in STAGES},
     }.items()
 }
 ERRORS = {

@@ -59,6 +59,7 @@ import torch
 from tqdm import tqdm
 
 from infergate.errors import RegistrationError
+from infergate.postprocess import l2_normalize, softmax
 
 # (input_ids, attention_mask) -> outputs; int64 in, float32 out, leading batch axis.
 Runner = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -223,7 +224,10 @@ def compare(
     n_samples: int,
     tolerance: float | None = None,
 ) -> ParityReport:
-    """Build the report for two ``[n, dim]`` output arrays, the reference first."""
+    """Build the report for two ``[n, dim]`` output arrays, the reference first.
+
+    The served figures go through the serving path's own post-processing
+    (``infergate.postprocess``): what is compared is what a client would be sent."""
     if ref.shape != got.shape:
         raise ValueError(f"output shapes differ: reference {ref.shape}, ONNX {got.shape}")
     ref, got = ref.astype(np.float64), got.astype(np.float64)
@@ -231,7 +235,7 @@ def compare(
         tolerance = TOLERANCES[precision][output_name]
     raw = float(np.abs(ref - got).max())
     if output_name == "embeddings":
-        ref_unit, got_unit = _l2_normalize(ref), _l2_normalize(got)
+        ref_unit, got_unit = l2_normalize(ref), l2_normalize(got)
         min_cosine = float((ref_unit * got_unit).sum(axis=1).min())
         extra = {
             "max_cosine_distance": 1.0 - min_cosine,
@@ -241,7 +245,7 @@ def compare(
         served = "max_cosine_distance"
     else:
         extra = {
-            "max_abs_diff_softmax": float(np.abs(_softmax(ref) - _softmax(got)).max()),
+            "max_abs_diff_softmax": float(np.abs(softmax(ref) - softmax(got)).max()),
             "argmax_agreement": float((ref.argmax(axis=1) == got.argmax(axis=1)).mean()),
         }
         served = "max_abs_diff_softmax"
@@ -250,12 +254,3 @@ def compare(
     # A NaN compares false with everything, so NaN outputs fail here as they should.
     passed = bool(measured <= tolerance)
     return ParityReport(metric, raw, float(tolerance), passed, n_samples, extra)
-
-
-def _l2_normalize(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    shifted = np.exp(x - x.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)

@@ -1,13 +1,8 @@
 """The MLflow model registry, as the platform sees it.
 
-A registered version's artifacts live under one folder (``model/``):
-
-    model.onnx            the optimised graph Triton serves
-    tokenizer/            tokenizer.json and friends (front-end replicas load it)
-    infergate.json        the serving spec: task, labels, output name and size, max length
-    reference_stats.json  statistics of the reference texts (the drift baseline)
-    parity_report.json    the optimised graph measured against the original model
-    triton/config.pbtxt   the Triton model configuration it was registered with
+Registered models carry their task as a tag; each version's artifacts live under one
+folder whose files ``infergate.versions`` names. Aliases (``champion``, ``canary``) say
+what is served.
 """
 
 from __future__ import annotations
@@ -25,17 +20,12 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
 from infergate.errors import ModelNotFound
+from infergate.versions import ARTIFACT_DIR, SPEC_FILE
 
 log = logging.getLogger(__name__)
 
-ARTIFACT_DIR = "model"
-SPEC_FILE = "infergate.json"
-REFERENCE_FILE = "reference_stats.json"
-PARITY_FILE = "parity_report.json"
 TASK_TAG = "infergate.task"
 EXPERIMENT = "infergate-registrations"
-CHAMPION = "champion"
-CANARY = "canary"
 
 
 @dataclass(frozen=True)
@@ -57,35 +47,6 @@ def _registered(model: Any) -> RegisteredModel:
         dict(model.tags),
         int(model.creation_timestamp or 0),
     )
-
-
-@dataclass(frozen=True)
-class ServedVersion:
-    """One model version the platform serves, with its place in the traffic split."""
-
-    name: str
-    version: str
-    task: str
-    source: str  # artifact URI of the version's ``model/`` folder
-    role: str = CHAMPION
-    weight: int = 100
-    # Registered again from other files and being reloaded under its Triton name: replicas
-    # drop what they loaded of it and route nothing to it until a table without the mark.
-    reloading: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            "name": self.name,
-            "version": self.version,
-            "task": self.task,
-            "source": self.source,
-            "role": self.role,
-            "weight": self.weight,
-        }
-        # Only when set: replicas of a release before the mark read every other table.
-        if self.reloading:
-            entry["reloading"] = True
-        return entry
 
 
 class Registry:

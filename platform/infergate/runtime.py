@@ -1,73 +1,40 @@
-"""One served model version inside a front-end replica: tokenize, infer, post-process."""
+"""One served model version inside a front-end replica: tokenize, infer, post-process.
+
+Pure: the version arrives loaded (``infergate.replica`` reads its files from the
+registry), and inference goes through whatever ``Backend`` the replica hands in.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
+from infergate.batching import Backend
 from infergate.errors import InvalidInput
+from infergate.metrics import INFERENCE, POSTPROCESS, TOKENIZE, Stage
 from infergate.postprocess import classification_outputs, l2_normalize, softmax
-from infergate.registry import REFERENCE_FILE, Registry, ServedVersion
 from infergate.tokenization import Batch, TextTokenizer
-from infergate.triton.repository import triton_model_name
-
-
-class Backend(Protocol):
-    async def infer(
-        self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
-    ) -> np.ndarray: ...
-
-
-def version_cache(root: Path, served: ServedVersion) -> Path:
-    """The folder under ``root`` that keeps one version's downloaded artifacts.
-
-    Keyed by the artifact URI as well as name and version: a model deleted and registered
-    again starts over at version 1 with other files, which must not be served from the
-    first one's copies.
-    """
-    digest = hashlib.sha256(served.source.encode()).hexdigest()[:16]
-    return root / triton_model_name(served.name, served.version) / digest
-
-
-@dataclass(frozen=True)
-class Spec:
-    """The serving spec a version was registered with (``infergate.json``)."""
-
-    task: str
-    labels: list[str]
-    output_name: str
-    output_dim: int
-    max_length: int
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Spec:
-        return cls(
-            task=data["task"],
-            labels=list(data.get("labels", [])),
-            output_name=data["output_name"],
-            output_dim=int(data["output_dim"]),
-            max_length=int(data["max_length"]),
-        )
+from infergate.versions import ServedVersion, Spec
 
 
 @dataclass
 class Timings:
-    """Milliseconds per stage; the names match the response headers and metrics."""
+    """Seconds per stage of one prediction."""
 
-    tokenize: float = 0.0
-    inference: float = 0.0
-    postprocess: float = 0.0
+    tokenize_s: float = 0.0
+    inference_s: float = 0.0
+    postprocess_s: float = 0.0
 
-    @property
-    def total(self) -> float:
-        return self.tokenize + self.inference + self.postprocess
+    def stages(self) -> Iterator[tuple[Stage, float]]:
+        """``(stage, seconds)``, the stages that name the metrics' labels and headers."""
+        yield TOKENIZE, self.tokenize_s
+        yield INFERENCE, self.inference_s
+        yield POSTPROCESS, self.postprocess_s
 
 
 @dataclass(frozen=True)
@@ -82,29 +49,23 @@ class Prediction:
 class ModelRuntime:
     """Everything a replica needs to answer for one version."""
 
-    def __init__(self, served: ServedVersion, spec: Spec, tokenizer: TextTokenizer) -> None:
+    def __init__(
+        self,
+        served: ServedVersion,
+        spec: Spec,
+        tokenizer: TextTokenizer,
+        reference: dict[str, Any] | None = None,
+    ) -> None:
         self.served = served
         self.spec = spec
         self.tokenizer = tokenizer
-        self.triton_model = triton_model_name(served.name, served.version)
-        self.reference: dict[str, Any] = {}
+        self.triton_model = served.triton_model
+        self.reference = reference or {}  # the registration's statistics, for drift
         self.in_flight = 0  # requests inside predict: a version leaving waits for them
-
-    @classmethod
-    def load(cls, served: ServedVersion, registry: Registry, cache_dir: Path) -> ModelRuntime:
-        cache = version_cache(cache_dir, served)
-        spec = Spec.from_dict(registry.load_spec(served.source, cache))
-        tokenizer_dir = registry.download(served.source, "tokenizer", cache)
-        runtime = cls(served, spec, TextTokenizer.from_dir(tokenizer_dir, spec.max_length))
-        reference = registry.download(served.source, REFERENCE_FILE, cache)
-        runtime.reference = json.loads(reference.read_text())
-        return runtime
 
     def with_served(self, served: ServedVersion) -> ModelRuntime:
         """The same loaded version under a new role or weight."""
-        runtime = ModelRuntime(served, self.spec, self.tokenizer)
-        runtime.reference = self.reference
-        return runtime
+        return ModelRuntime(served, self.spec, self.tokenizer, self.reference)
 
     async def predict(
         self, texts: list[str], parameters: dict[str, Any], backend: Backend
@@ -131,11 +92,7 @@ class ModelRuntime:
         else:
             outputs = l2_normalize(raw) if parameters.get("normalize", True) else raw
         done = time.perf_counter()
-        timings = Timings(
-            tokenize=(tokenized - start) * 1e3,
-            inference=(inferred - tokenized) * 1e3,
-            postprocess=(done - inferred) * 1e3,
-        )
+        timings = Timings(tokenized - start, inferred - tokenized, done - inferred)
         return Prediction(outputs, batch, raw, timings, self.spec.labels)
 
 

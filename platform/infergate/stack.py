@@ -1,9 +1,10 @@
 """``infergate up``: the whole platform on one machine, as real processes.
 
 MLflow server (SQLite + local artifact store), Triton (explicit model control), Ray Serve
-(HAProxy ingress, front-end replicas), Prometheus when installed. The supervisor
-starts them in order, waits for each to be ready, watches them, and stops them all on
-Ctrl-C, ``infergate down`` or the death of any one of them.
+(HAProxy ingress, front-end replicas), Prometheus when installed, and the control plane
+(``infergate.control.service``) in this process. The supervisor starts them in order,
+waits for each to be ready, starts again a component that exits (and gives up on one that
+keeps exiting), and stops them all on Ctrl-C or ``infergate down``.
 """
 
 from __future__ import annotations
@@ -11,21 +12,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from infergate.admin import AdminApi, AdminServer
-from infergate.canary import Rollouts
 from infergate.config import PROJECT_ROOT, StackConfig
-from infergate.controlplane import ControlPlane
+from infergate.control.service import ControlService
 from infergate.errors import StackError
-from infergate.metrics import ROLLOUT_DECISIONS
 from infergate.processes import (
     Child,
     check_ports,
@@ -36,8 +32,7 @@ from infergate.processes import (
     wait_until,
 )
 from infergate.ray_start import start_ray
-from infergate.registry import CANARY, Registry, ServedVersion
-from infergate.stats import VersionCounters, merge_reports
+from infergate.registry import Registry
 from infergate.triton.client import TritonControl
 from infergate.triton.server import (
     find_tritonserver,
@@ -102,14 +97,8 @@ class Stack:
         self.log_dir = config.state_dir / "logs"
         self.children: list[Child] = []
         self.registry = Registry(config.mlflow.uri)
-        self.control_plane: ControlPlane | None = None
-        self.rollouts: Rollouts | None = None
-        self.admin: AdminServer | None = None
+        self.control: ControlService | None = None
         self._serve_started = False
-        self._app_deployed = False
-        self._reconcile_lock = threading.RLock()
-        self._wake = threading.Event()  # set by webhooks: reconcile now
-        self._decisions: Any = None
         self._restarts: dict[str, list[float]] = {}  # component -> when it was started again
 
     # -- start -------------------------------------------------------------------------
@@ -186,79 +175,10 @@ class Stack:
     def _start_serve(self) -> None:
         start_ray(self.config.serve, keep={child.popen.pid for child in self.children})
         self._serve_started = True
-        self._app_deployed = self.config.serve.external  # KubeRay deploys it there
 
     def _start_control_plane(self) -> None:
-        from infergate.serve_app import control_state
-
-        a, t = self.config.admin, self.config.triton
-        self.control_state = control_state()
-
-        def stats() -> dict[str, VersionCounters]:
-            import ray
-
-            return merge_reports(ray.get(self.control_state.snapshot.remote(), timeout=10))
-
-        self.rollouts = Rollouts(self.registry, stats, on_decision=self._count_decision)
-        self.control_plane = ControlPlane(
-            self.registry,
-            self.triton_control,
-            t,
-            self.state_dir / "triton-repository",
-            self.state_dir / "artifacts",
-            deploy=self._deploy,
-            desired=self.rollouts.desired,
-            on_load_failure=self._load_failed,
-        )
-        secret = a.webhook_secret or secrets.token_urlsafe(32)
-        api = AdminApi(
-            self.rollouts,
-            self.reconcile,
-            token=a.token,
-            webhook_secret=secret,
-            lock=self._reconcile_lock,
-            request_reconcile=self._wake.set,
-        )
-        self.admin = AdminServer(api.app, a.host, a.port)
-        self.admin.start()
-        if a.webhooks:
-            register_webhook(self.registry, f"{a.url}/admin/webhooks/mlflow", secret)
-
-    def _count_decision(self, model: str, action: str) -> None:
-        from ray.util.metrics import Counter
-
-        if self._decisions is None:
-            metric = ROLLOUT_DECISIONS
-            self._decisions = Counter(
-                metric.full_name, description=metric.description, tag_keys=metric.labels
-            )
-        self._decisions.inc(1, {"model": model, "decision": action})
-
-    def _load_failed(self, version: ServedVersion, reason: str) -> None:
-        """A canary that cannot be loaded is rolled back at once; it never gets traffic.
-        ``reason`` says what failed (Triton's load, or reading the replicas' files)."""
-        if version.role == CANARY and self.rollouts is not None:
-            self.rollouts.rollback(version.name, reason)
-
-    def _deploy(self, served: list[ServedVersion]) -> None:
-        """Publish the traffic table; wait until every front-end replica runs it."""
-        import ray
-        from ray import serve
-
-        from infergate.serve_app import APP_NAME, frontend_app
-
-        version = ray.get(self.control_state.publish.remote([v.to_dict() for v in served]))
-        if not self._app_deployed:
-            app = frontend_app(self.config.frontend_settings(), self.config.serve)
-            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-            self._app_deployed = True
-        # Old versions are unloaded from Triton after this: no replica may still use them.
-        wait_until(
-            None,
-            lambda: ray.get(self.control_state.adopted.remote(version), timeout=5),
-            30,
-            f"front-end replicas adopting traffic table {version}",
-        )
+        self.control = ControlService(self.config, self.registry, self.triton_control)
+        self.control.start()
 
     def _prometheus_binary(self) -> str | None:
         p = self.config.prometheus
@@ -291,14 +211,6 @@ class Stack:
 
     # -- run ---------------------------------------------------------------------------
 
-    def reconcile(self) -> None:
-        """Converge on the registry; safe from any thread (webhooks, commands, the loop)."""
-        assert self.control_plane is not None
-        with self._reconcile_lock:
-            result = self.control_plane.reconcile()
-        for model, reason in result.failed.items():
-            log.error("%s could not be loaded: %s", model, reason)
-
     def wait_serving(self, timeout_s: float = 120.0) -> None:
         """Until /readyz answers 200: every served version answers through the front-end."""
         s = self.config.serve
@@ -307,7 +219,7 @@ class Stack:
 
     def endpoints(self) -> dict[str, Any]:
         c = self.config
-        served = self.control_plane.serving if self.control_plane else {}
+        served = self.control.serving if self.control else {}
         endpoints = {
             "pid": os.getpid(),
             "inference": f"http://{c.serve.host}:{c.serve.port}",
@@ -333,31 +245,14 @@ class Stack:
         return path
 
     def watch(self, stop_requested: list[bool]) -> None:
-        """Block until asked to stop: analyse rollouts, reconcile now and then, and start
-        again a component that exited (raise if one keeps exiting)."""
-        reconcile_every = self.config.reconcile_interval_s
-        analyse_every = self.config.admin.analysis_interval_s
-        next_reconcile = time.monotonic() + reconcile_every
-        next_analysis = time.monotonic() + analyse_every
+        """Block until asked to stop: run the control plane's rounds, and start again a
+        component that exited (raise if one keeps exiting)."""
+        assert self.control is not None
         while not stop_requested:
-            now = time.monotonic()
-            try:
-                if now >= next_analysis:
-                    next_analysis = now + analyse_every
-                    assert self.rollouts is not None
-                    with self._reconcile_lock:
-                        decisions = self.rollouts.tick()
-                    if decisions:
-                        self.reconcile()
-                if now >= next_reconcile or self._wake.is_set():
-                    self._wake.clear()
-                    next_reconcile = now + reconcile_every
-                    self.reconcile()
-            except Exception:  # the registry may be briefly unreachable; try next time
-                log.exception("control loop round failed")
+            self.control.run_due()
             for child in [c for c in self.children if not c.alive()]:
                 self._start_again(child)
-            self._wake.wait(0.5)
+            self.control.wait(0.5)
 
     def _start_again(self, child: Child) -> None:
         """Start a component that exited, as a supervisor would (requests meanwhile get
@@ -383,19 +278,20 @@ class Stack:
             "triton": self._start_triton,
             "prometheus": self._start_prometheus,
         }[child.name]
-        with self._reconcile_lock:
+        if self.control is None:  # still starting
             start()
-            if child.name == "triton" and self.control_plane is not None:
-                self.control_plane.triton_restarted(self.triton_control)
-                self.reconcile()  # it came back empty
+        else:
+            with self.control.lock:  # no reconcile or command meanwhile
+                start()
+                if child.name == "triton":  # it came back empty
+                    self.control.triton_restarted(self.triton_control)
         log.info("%s runs again", child.name)
 
     # -- stop --------------------------------------------------------------------------
 
     def stop(self) -> None:
-        if self.admin is not None:
-            self.admin.stop()
-            self.admin = None
+        if self.control is not None:
+            self.control.stop()
         if self._serve_started:
             import ray
             from ray import serve
@@ -426,28 +322,6 @@ def render_prometheus_config(config: StackConfig) -> str:
     for key, value in values.items():
         text = text.replace("${" + key + "}", value)
     return text
-
-
-WEBHOOK_NAME = "infergate"
-WEBHOOK_EVENTS = [
-    "model_version.created",
-    "model_version_alias.created",
-    "model_version_alias.deleted",
-]
-
-
-def register_webhook(registry: Registry, url: str, secret: str) -> None:
-    """Create the platform's MLflow webhook, or point the existing one here (idempotent)."""
-    client = registry.client
-    existing = [w for w in client.list_webhooks() if w.name == WEBHOOK_NAME]
-    if existing:
-        client.update_webhook(
-            existing[0].webhook_id, url=url, events=WEBHOOK_EVENTS, secret=secret, status="ACTIVE"
-        )
-        for duplicate in existing[1:]:
-            client.delete_webhook(duplicate.webhook_id)
-    else:
-        client.create_webhook(WEBHOOK_NAME, url, WEBHOOK_EVENTS, secret=secret)
 
 
 def read_state(state_dir: Path) -> dict[str, Any] | None:

@@ -157,11 +157,9 @@ class RayTelemetry:
         mv = (model, version)
         totals.inc(m.REQUESTS, (*mv, str(status)))
         if prediction is not None:
-            timings = prediction.timings
-            totals.observe(m.DURATION, (*mv, "total"), (total_s,))
-            totals.observe(m.DURATION, (*mv, "tokenize"), (timings.tokenize / 1e3,))
-            totals.observe(m.DURATION, (*mv, "inference"), (timings.inference / 1e3,))
-            totals.observe(m.DURATION, (*mv, "postprocess"), (timings.postprocess / 1e3,))
+            totals.observe(m.DURATION, (*mv, m.TOTAL.name), (total_s,))
+            for stage, seconds in prediction.timings.stages():
+                totals.observe(m.DURATION, (*mv, stage.name), (seconds,))
             self._outputs(mv, prediction)
 
     def _outputs(self, mv: Labels, prediction: Prediction) -> None:

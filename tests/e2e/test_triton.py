@@ -20,7 +20,8 @@ from infergate.bench.scenarios import sequential_calls
 from infergate.config import TritonSettings
 from infergate.errors import BackendTimeout, BackendUnavailable, InfergateError, RegistrationError
 from infergate.triton.client import TritonBackend, TritonControl
-from infergate.triton.repository import WARMUP_COUNT, remove_model, triton_model_name, write_model
+from infergate.triton.repository import WARMUP_COUNT, remove_model, write_model
+from infergate.versions import triton_model_name
 
 if TYPE_CHECKING:  # conftest is not importable as a module; only its fixtures are used
     from conftest import RunningTriton

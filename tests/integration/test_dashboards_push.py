@@ -27,10 +27,10 @@ from urllib.parse import unquote
 
 import pytest
 
-from infergate.dashboards import DashboardError
 from infergate.dashboards.builders import DATASOURCE_NAME, DATASOURCE_UID, FOLDER_UID
 from infergate.dashboards.generate import DASHBOARDS_DIR
 from infergate.dashboards.push import push
+from infergate.errors import DashboardError
 
 TOKEN = "glsa_test_token"
 PROMETHEUS = "http://prometheus:9090"

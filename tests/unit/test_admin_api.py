@@ -8,8 +8,8 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from infergate.admin import AdminApi
-from infergate.webhooks import sign
+from infergate.control.admin import AdminApi
+from infergate.control.webhooks import sign
 
 
 class Recorder:

@@ -7,10 +7,10 @@ Loading real versions into a real Triton is covered in tests/e2e/test_stack.py.
 import json
 from types import SimpleNamespace
 
-from infergate import controlplane
 from infergate.config import TritonSettings
-from infergate.controlplane import ControlPlane
-from infergate.registry import CANARY, CHAMPION, ServedVersion
+from infergate.control import reconcile
+from infergate.control.reconcile import ControlPlane
+from infergate.versions import CANARY, CHAMPION, ServedVersion
 
 
 class FakeTriton:
@@ -196,7 +196,7 @@ def test_a_version_of_another_task_than_its_model_never_reaches_triton(tmp_path,
     """An embedding model made the canary of a classifier would answer half its clients
     with vectors: it fails like a version Triton cannot load."""
     embedding = SimpleNamespace(spec=SimpleNamespace(task="feature-extraction"))
-    monkeypatch.setattr(controlplane.ModelRuntime, "load", lambda *args: embedding)
+    monkeypatch.setattr(reconcile, "load_version", lambda *args: embedding)
     triton, failures = FakeTriton(), []
     plane = ControlPlane(
         registry=None,

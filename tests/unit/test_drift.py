@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from infergate.drift import DriftWindow, psi
-from infergate.refstats import reference_stats
+from infergate.reference import reference_stats
 
 LABELS = ["negative", "neutral", "positive"]
 

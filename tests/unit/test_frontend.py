@@ -11,9 +11,10 @@ from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from infergate.config import FrontendSettings
-from infergate.frontend import CLIENT_CLOSED_REQUEST, Frontend, ServedModel
-from infergate.registry import ServedVersion
+from infergate.frontend import CLIENT_CLOSED_REQUEST, Frontend
+from infergate.routing import ServedModel
 from infergate.runtime import drain
+from infergate.versions import ServedVersion
 
 
 class Recorder:

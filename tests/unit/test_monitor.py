@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from infergate.monitor import Monitors
-from infergate.refstats import reference_stats
-from infergate.registry import ServedVersion
+from infergate.reference import reference_stats
 from infergate.runtime import Prediction, Timings
 from infergate.tokenization import Batch
+from infergate.versions import ServedVersion
 
 LABELS = ["negative", "positive"]
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from infergate.postprocess import classification_outputs, l2_normalize, softmax
-from infergate.refstats import TOKEN_LENGTH_EDGES, Histogram, quantile_edges, reference_stats
+from infergate.reference import TOKEN_LENGTH_EDGES, Histogram, quantile_edges, reference_stats
 
 
 def test_softmax_matches_hand_computed_values():

@@ -1,7 +1,6 @@
 """Where a served version's artifacts are kept on the serving side."""
 
-from infergate.registry import ServedVersion
-from infergate.runtime import version_cache
+from infergate.versions import ServedVersion, version_cache
 
 
 def served(source: str, version: str = "1") -> ServedVersion:

@@ -3,19 +3,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from infergate.metrics import LATENCY_BUCKETS_S
-from infergate.rollout import (
+from infergate.control.policy import (
     SLOWER_Z,
     RolloutPolicy,
     RolloutState,
-    VersionWindow,
     analyse,
     apply,
     check_weight,
     slower_z,
     start,
 )
-from infergate.stats import VersionCounters, merge_reports
+from infergate.counters import VersionCounters, VersionWindow, merge_reports
+from infergate.metrics import LATENCY_BUCKETS_S
 
 POLICY = RolloutPolicy(steps=(10, 50, 100), step_interval_s=60, min_requests=20)
 HEALTHY = VersionWindow(requests=100, errors=0, p95_ms=10.0, output_shares=(0.5, 0.5))

@@ -7,10 +7,11 @@ The same commands against the real MLflow registry and stack: tests/e2e/test_can
 import numpy as np
 import pytest
 
-from infergate.canary import AUTO_CANARY_TAG, Rollouts
+from infergate.control.rollouts import AUTO_CANARY_TAG, Rollouts
+from infergate.counters import VersionCounters
 from infergate.errors import InvalidInput
-from infergate.registry import CANARY, CHAMPION, RegisteredModel
-from infergate.stats import VersionCounters
+from infergate.registry import RegisteredModel
+from infergate.versions import CANARY, CHAMPION
 
 
 class MemoryRegistry:

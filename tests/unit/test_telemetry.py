@@ -51,7 +51,7 @@ def prediction(raw: np.ndarray, labels: list[str]) -> Prediction:
     n = len(raw)
     batch = Batch(np.zeros((n, 4), np.int64), np.ones((n, 4), np.int64), np.full(n, 4),
                   np.zeros(n), np.array([True] + [False] * (n - 1)))  # fmt: skip
-    return Prediction([], batch, raw, Timings(1.0, 2.0, 0.5), labels)
+    return Prediction([], batch, raw, Timings(0.001, 0.002, 0.0005), labels)
 
 
 class Recorder:

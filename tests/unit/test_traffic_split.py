@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from infergate.errors import ModelNotFound
-from infergate.frontend import ServedModel
-from infergate.registry import ServedVersion
+from infergate.routing import ServedModel
+from infergate.versions import ServedVersion
 
 
 @dataclass

@@ -1,8 +1,8 @@
 import orjson
 import pytest
 
-from infergate.errors import MalformedBody
-from infergate.webhooks import SeenDeliveries, Unauthorized, sign, verify
+from infergate.control.webhooks import SeenDeliveries, sign, verify
+from infergate.errors import MalformedBody, Unauthorized
 
 BODY = orjson.dumps({"entity": "model_version_alias", "action": "created",
                      "data": {"name": "m", "alias": "canary", "version": "2"}})  # fmt: skip

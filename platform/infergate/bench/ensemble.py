@@ -24,12 +24,8 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from infergate.config import TritonSettings
-from infergate.triton.repository import (
-    INPUT_NAMES,
-    render_config,
-    triton_model_name,
-    write_model,
-)
+from infergate.triton.repository import INPUT_NAMES, render_config, write_model
+from infergate.versions import triton_model_name
 
 TOKENIZE_MODEL = "tokenize"
 ENSEMBLE_MODEL = "ensemble"

@@ -41,12 +41,13 @@ from starlette.responses import Response
 from infergate.batching import BatchingBackend
 from infergate.config import FrontendSettings, ServeSettings, TritonSettings, load_config
 from infergate.errors import InfergateError
-from infergate.frontend import Frontend, ServedModel
+from infergate.frontend import Frontend
 from infergate.monitor import Monitors
-from infergate.registry import ServedVersion
-from infergate.runtime import ModelRuntime, Spec
+from infergate.routing import ServedModel
+from infergate.runtime import ModelRuntime
 from infergate.serve_app import replica_options
 from infergate.tokenization import TextTokenizer, tokenize_serially
+from infergate.versions import ServedVersion, Spec
 
 log = logging.getLogger(__name__)
 

@@ -148,8 +148,9 @@ def _build_hf_folder(out_dir: Path) -> None:
 
 def _register_and_download(cache_dir: Path, say: Callable[[str], None]) -> str:
     from infergate.processes import free_ports, http_ok, spawn, wait_until
-    from infergate.registry import CHAMPION, Registry
+    from infergate.registry import Registry
     from infergate.stack import MLFLOW_ENV, mlflow_server_command
+    from infergate.versions import CHAMPION
 
     store = cache_dir / "store"
     store.mkdir(parents=True)

@@ -34,7 +34,7 @@ from infergate.errors import StackError
 from infergate.processes import Child, free_ports, http_ok, reap, spawn, wait_until
 from infergate.tokenization import TextTokenizer
 from infergate.triton.client import TritonBackend
-from infergate.triton.repository import triton_model_name
+from infergate.versions import triton_model_name
 
 HOST = "127.0.0.1"
 INFERGATE = str(Path(sys.executable).with_name("infergate"))

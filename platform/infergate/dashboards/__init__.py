@@ -7,13 +7,3 @@
 - ``snapshot``: renders the key panels to PNG from Prometheus, without Grafana.
 - ``cli``: the ``infergate dashboards ...`` commands.
 """
-
-from __future__ import annotations
-
-from infergate.errors import InfergateError
-
-
-class DashboardError(InfergateError):
-    """Generating, pushing or rendering dashboards failed for a reason the user can fix."""
-
-    kind = "dashboard_error"

@@ -10,9 +10,8 @@ import argparse
 import os
 from pathlib import Path
 
-from infergate.dashboards import DashboardError
 from infergate.dashboards.generate import DASHBOARDS_DIR
-from infergate.errors import exit_code
+from infergate.errors import DashboardError, exit_code
 
 TOKEN_ENV = "GRAFANA_TOKEN"
 

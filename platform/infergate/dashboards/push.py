@@ -17,7 +17,6 @@ import requests
 from grafana_api.grafana_api import GrafanaClientError, GrafanaException, GrafanaServerError
 from grafana_api.grafana_face import GrafanaFace
 
-from infergate.dashboards import DashboardError
 from infergate.dashboards.builders import (
     DATASOURCE_NAME,
     DATASOURCE_UID,
@@ -25,6 +24,7 @@ from infergate.dashboards.builders import (
     FOLDER_UID,
 )
 from infergate.dashboards.generate import DASHBOARDS_DIR
+from infergate.errors import DashboardError
 
 SCRAPE_INTERVAL = "5s"  # deployments/prometheus.yml; Grafana sizes $__rate_interval on it
 

@@ -19,10 +19,10 @@ from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-from infergate.dashboards import DashboardError
 from infergate.dashboards.boards import KEY_PANELS
 from infergate.dashboards.builders import Panel
 from infergate.dashboards.promql import expand
+from infergate.errors import DashboardError
 
 POINTS = 240  # samples per series: smooth lines, small responses
 _LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")

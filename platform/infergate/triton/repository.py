@@ -13,7 +13,6 @@ printed in text format, so a misspelt field fails here rather than at load time.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -40,21 +39,6 @@ WARMUP_DATA = {
 
 # Folder names that are safe on every filesystem and in URLs (/v2/models/<name>/infer).
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
-_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
-
-
-def triton_model_name(name: str, version: str) -> str:
-    """The Triton model name of an MLflow model version, e.g. ``sentiment__v3``.
-
-    MLflow names may hold spaces, dots, slashes or any Unicode. Such characters become
-    ``_``, and a short hash of the original name is appended whenever anything was
-    replaced, so ``"a b"`` and ``"a_b"`` stay different models.
-    """
-    safe_name = _UNSAFE_CHARS.sub("_", name).strip("_")[:120] or "model"
-    if safe_name != name:
-        safe_name += "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
-    safe_version = _UNSAFE_CHARS.sub("_", str(version)).strip("_")[:32] or "0"
-    return f"{safe_name}__v{safe_version}"
 
 
 def _check_name(triton_name: str) -> None:

@@ -20,6 +20,7 @@ from typing import Literal
 
 import numpy as np
 
+from infergate.counters import VersionWindow
 from infergate.drift import psi
 
 Mode = Literal["auto", "manual"]
@@ -69,22 +70,6 @@ class RolloutPolicy:
             raise ValueError(f"rollout steps must be within 1..100, got {self.steps}")
         if list(self.steps) != sorted(self.steps):
             raise ValueError(f"rollout steps must increase, got {self.steps}")
-
-
-@dataclass(frozen=True)
-class VersionWindow:
-    """What the front-end saw of one version since the current step began."""
-
-    requests: int = 0
-    errors: int = 0  # server-side failures (5xx) after the version was chosen
-    p95_ms: float = 0.0
-    output_shares: tuple[float, ...] = ()  # predicted classes, or binned embedding norms
-    latency_counts: tuple[int, ...] = ()  # requests per latency bucket (metrics' buckets)
-    classes: tuple[str, ...] = ()  # the classes of ``output_shares``; none for embeddings
-
-    @property
-    def error_rate(self) -> float:
-        return self.errors / self.requests if self.requests else 0.0
 
 
 @dataclass(frozen=True)

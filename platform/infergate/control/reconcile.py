@@ -16,10 +16,17 @@ from pathlib import Path
 
 from infergate.config import TritonSettings
 from infergate.errors import InfergateError, RegistrationError
-from infergate.registry import CHAMPION, Registry, ServedVersion
-from infergate.runtime import ModelRuntime, version_cache
+from infergate.registry import Registry
+from infergate.replica import load_version
 from infergate.triton.client import TritonControl
-from infergate.triton.repository import remove_model, triton_model_name, write_model
+from infergate.triton.repository import remove_model, write_model
+from infergate.versions import (
+    CHAMPION,
+    ONNX_FILE,
+    ServedVersion,
+    triton_model_name,
+    version_cache,
+)
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +148,7 @@ class ControlPlane:
         try:
             # What every front-end replica loads, read here first: a version they could not
             # load must not reach their table (its model would answer 503 until it left).
-            spec = ModelRuntime.load(version, self.registry, self.cache_dir).spec
+            spec = load_version(version, self.registry, self.cache_dir).spec
         except Exception as exc:
             raise RegistrationError(
                 "its tokenizer, serving spec or drift reference cannot be read: "
@@ -152,7 +159,7 @@ class ControlPlane:
                 f"it is a {spec.task} model; {version.name} serves {version.task}"
             )
         cache = version_cache(self.cache_dir, version)
-        onnx_path = self.registry.download(version.source, "model.onnx", cache)
+        onnx_path = self.registry.download(version.source, ONNX_FILE, cache)
         write_model(
             self.repository,
             model,

@@ -8,11 +8,7 @@ from typing import Any
 import httpx
 
 from infergate.config import load_config
-from infergate.errors import InfergateError, StackError
-
-
-class CommandFailed(InfergateError):
-    kind = "command_failed"
+from infergate.errors import CommandFailed, StackError
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: dict | None = None) -> Any:

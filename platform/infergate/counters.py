@@ -1,5 +1,6 @@
 """Per-version request counters that front-end replicas keep and the control plane reads
-for canary analysis, without Prometheus. Cumulative, so windows are differences."""
+for canary analysis, without Prometheus. Cumulative, so windows are differences: a
+``VersionWindow`` is what one version saw over a rollout step."""
 
 from __future__ import annotations
 
@@ -8,7 +9,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from infergate.metrics import LATENCY_BUCKETS_S, NORM_BUCKETS
-from infergate.rollout import VersionWindow
+
+
+@dataclass(frozen=True)
+class VersionWindow:
+    """What the front-end saw of one version since the current step began."""
+
+    requests: int = 0
+    errors: int = 0  # server-side failures (5xx) after the version was chosen
+    p95_ms: float = 0.0
+    output_shares: tuple[float, ...] = ()  # predicted classes, or binned embedding norms
+    latency_counts: tuple[int, ...] = ()  # requests per latency bucket (metrics' buckets)
+    classes: tuple[str, ...] = ()  # the classes of ``output_shares``; none for embeddings
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Verifying MLflow webhook deliveries.
+"""MLflow webhooks: registering the platform's, and verifying its deliveries.
 
 MLflow signs ``"{delivery_id}.{timestamp}.{body}"`` with HMAC-SHA256 and sends
 ``X-MLflow-Signature: v1,<base64>`` with ``X-MLflow-Delivery-Id`` and
@@ -16,25 +16,18 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from infergate.errors import InfergateError, MalformedBody
+from infergate.errors import MalformedBody, Unauthorized
+
+if TYPE_CHECKING:
+    from infergate.registry import Registry
 
 SIGNATURE = "x-mlflow-signature"
 TIMESTAMP = "x-mlflow-timestamp"
 DELIVERY_ID = "x-mlflow-delivery-id"
-
-
-class Unauthorized(InfergateError):
-    status = 401
-    kind = "unauthorized"
-
-
-class DeliveryUnderWay(InfergateError):
-    status = 503  # MLflow retries a 503, backing off
-    kind = "delivery_under_way"
 
 
 @dataclass(frozen=True)
@@ -120,3 +113,25 @@ class SeenDeliveries:
         """A delivery that failed: MLflow's retry of it must be handled, not dropped."""
         with self._lock:
             self._ids.pop(delivery_id, None)
+
+
+WEBHOOK_NAME = "infergate"
+WEBHOOK_EVENTS = [
+    "model_version.created",
+    "model_version_alias.created",
+    "model_version_alias.deleted",
+]
+
+
+def register_webhook(registry: Registry, url: str, secret: str) -> None:
+    """Create the platform's MLflow webhook, or point the existing one here (idempotent)."""
+    client = registry.client
+    existing = [w for w in client.list_webhooks() if w.name == WEBHOOK_NAME]
+    if existing:
+        client.update_webhook(
+            existing[0].webhook_id, url=url, events=WEBHOOK_EVENTS, secret=secret, status="ACTIVE"
+        )
+        for duplicate in existing[1:]:
+            client.delete_webhook(duplicate.webhook_id)
+    else:
+        client.create_webhook(WEBHOOK_NAME, url, WEBHOOK_EVENTS, secret=secret)

@@ -20,10 +20,11 @@ from tqdm import tqdm
 from infergate.config import PROJECT_ROOT, TASKS, TritonSettings
 from infergate.errors import ModelNotFound, RegistrationError
 from infergate.postprocess import softmax
-from infergate.refstats import reference_stats
-from infergate.registry import PARITY_FILE, REFERENCE_FILE, SPEC_FILE, Registry
+from infergate.reference import reference_stats
+from infergate.registry import Registry
 from infergate.tokenization import TextTokenizer
-from infergate.triton.repository import build_config, render_config, triton_model_name
+from infergate.triton.repository import build_config, render_config
+from infergate.versions import PARITY_FILE, REFERENCE_FILE, SPEC_FILE, triton_model_name
 
 DEFAULT_REFERENCE_TEXTS = PROJECT_ROOT / "registry" / "demo" / "sentiment.tsv"
 REFERENCE_BATCH = 32

@@ -4,12 +4,12 @@ Killing the real Triton of a running stack is covered in tests/e2e/test_stack.py
 """
 
 import sys
-import threading
 import time
 
 import pytest
 
 from infergate import stack as stack_module
+from infergate.config import load_config
 from infergate.errors import StackError
 from infergate.processes import Child, live_pids, spawn, stat_fields
 from infergate.stack import RESTART_LIMIT, Stack
@@ -22,9 +22,7 @@ def exited_child(tmp_path) -> Child:
 
 
 def test_a_component_that_exits_is_started_again_until_it_keeps_exiting(tmp_path, monkeypatch):
-    supervisor = object.__new__(Stack)
-    supervisor.children, supervisor._restarts = [], {}
-    supervisor._reconcile_lock, supervisor.control_plane = threading.RLock(), None
+    supervisor = Stack(load_config(overrides={"state_dir": tmp_path}))
     started: list[Child] = []
 
     def start_prometheus() -> None:  # comes up, and will exit again

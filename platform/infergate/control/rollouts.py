@@ -15,9 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from infergate.errors import InfergateError, InvalidInput
-from infergate.registry import CANARY, CHAMPION, RegisteredModel, Registry, ServedVersion
-from infergate.rollout import (
+from infergate.control.policy import (
     TAG_PREFIX,
     Decision,
     Mode,
@@ -28,7 +26,10 @@ from infergate.rollout import (
     check_weight,
     start,
 )
-from infergate.stats import VersionCounters, VersionWindow
+from infergate.counters import VersionCounters, VersionWindow
+from infergate.errors import InvalidInput, RolloutConflict
+from infergate.registry import RegisteredModel, Registry
+from infergate.versions import CANARY, CHAMPION, ServedVersion
 
 log = logging.getLogger(__name__)
 AUTO_CANARY_TAG = "infergate.auto_canary"
@@ -41,11 +42,6 @@ _END_TAGS = {
 }
 
 Stats = Callable[[], dict[str, VersionCounters]]
-
-
-class RolloutConflict(InfergateError):
-    status = 409
-    kind = "rollout_conflict"
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,24 @@ from typing import Any
 import orjson
 import uvicorn
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from infergate.canary import Rollouts
-from infergate.errors import InfergateError, InvalidInput, MalformedBody
-from infergate.frontend import error_response, json_response
-from infergate.webhooks import DeliveryUnderWay, SeenDeliveries, Unauthorized, verify
+from infergate.control.rollouts import Rollouts
+from infergate.control.webhooks import SeenDeliveries, verify
+from infergate.errors import (
+    DeliveryUnderWay,
+    InfergateError,
+    InvalidInput,
+    MalformedBody,
+    MethodNotAllowed,
+    RouteNotFound,
+    Unauthorized,
+)
+from infergate.http import answer, error_response, json_response
 
 log = logging.getLogger(__name__)
 ALIAS_EVENTS = {"model_version_alias.created", "model_version_alias.deleted"}
@@ -44,6 +54,15 @@ def _fields(body: bytes, allowed: dict[str, type | tuple[type, ...]]) -> dict[st
         if not isinstance(value, expected) or (isinstance(value, bool) and expected is int):
             raise InvalidInput(f"field {key!r} has the wrong type")
     return data
+
+
+async def _routing_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405, in the one JSON shape of every other error."""
+    assert isinstance(exc, HTTPException)
+    path = f"{request.method} {request.url.path}"
+    if exc.status_code == 405:
+        return error_response(MethodNotAllowed(f"method not allowed: {path}"))
+    return error_response(RouteNotFound(f"no route {path}"))
 
 
 class AdminApi:
@@ -78,29 +97,27 @@ class AdminApi:
             (model + "/canary/promote", self._wrap(self.promote), "POST"),
             (model + "/canary/rollback", self._wrap(self.rollback), "POST"),
         ]
-        self.app = Starlette(routes=[Route(p, e, methods=[m]) for p, e, m in routes])
+        self.app = Starlette(
+            routes=[Route(p, e, methods=[m]) for p, e, m in routes],
+            exception_handlers={HTTPException: _routing_error},
+        )
 
     def _wrap(
         self, handler: Callable[..., Any], *, auth: bool = True, locked: bool = True
     ) -> Callable[..., Any]:
         async def endpoint(request: Request) -> Response:
-            try:
+            async def respond() -> Response:
                 if auth:
                     self._authorize(request)
                 body = await request.body()
                 # Registry calls block: run them off the event loop, one command at a time.
-                from starlette.concurrency import run_in_threadpool
-
                 if locked:
                     result = await run_in_threadpool(self._locked, handler, request, body)
                 else:
                     result = await run_in_threadpool(handler, request, body)
                 return json_response(result)
-            except InfergateError as error:
-                return error_response(error)
-            except Exception:
-                log.exception("admin %s failed", request.url.path)
-                return json_response({"error": "internal error", "type": "internal_error"}, 500)
+
+            return await answer(respond, f"admin {request.method} {request.url.path}")
 
         return endpoint
 

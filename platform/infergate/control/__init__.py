@@ -1,0 +1,12 @@
+"""The control plane: what is served, and how a new version rolls out.
+
+- ``service``: the running control plane, wired together; ``infergate up`` hosts it.
+- ``reconcile``: converges Triton and the front-end's traffic table on the registry.
+- ``rollouts``: canary rollouts against the registry's aliases and tags.
+- ``policy``: the rollout policy, its state machine and the canary analysis (pure).
+- ``state``: the Ray actor that carries traffic tables to the replicas and their
+  counters back.
+- ``admin``: the admin API (canary commands, the MLflow webhook); ``webhooks`` registers
+  the webhook and verifies its deliveries.
+- ``cli``: the ``infergate canary ...`` commands, sent to the admin API.
+"""

@@ -1,0 +1,180 @@
+"""The control plane of a running stack, wired together.
+
+``ControlService`` holds the rollouts (``rollouts``), the reconcile against Triton
+(``reconcile``), the admin API with the MLflow webhook (``admin``), and the way traffic
+tables reach the front-end replicas (the ``ControlState`` actor). The supervisor
+(``infergate.stack``) starts it once Triton and Ray run, calls ``run_due`` from its
+watch loop, and tells it when Triton came back empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from infergate.config import StackConfig
+from infergate.control.admin import AdminApi, AdminServer
+from infergate.control.reconcile import ControlPlane
+from infergate.control.rollouts import Rollouts
+from infergate.control.state import control_state
+from infergate.control.webhooks import register_webhook
+from infergate.counters import VersionCounters, merge_reports
+from infergate.metrics import ROLLOUT_DECISIONS
+from infergate.processes import wait_until
+from infergate.registry import Registry
+from infergate.triton.client import TritonControl
+from infergate.versions import CANARY, ServedVersion
+
+log = logging.getLogger(__name__)
+ADOPTION_TIMEOUT_S = 30.0  # for every front-end replica to run a new traffic table
+
+
+class ControlService:
+    """Rollouts, reconcile and the admin API of one stack; safe from any thread."""
+
+    def __init__(
+        self,
+        config: StackConfig,
+        registry: Registry,
+        triton: TritonControl,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self._clock = clock
+        # Held by every reconcile, rollout command and analysis round, and by the
+        # supervisor while it starts a component again.
+        self.lock = threading.RLock()
+        self._wake = threading.Event()  # set by webhooks: reconcile now
+        self._state = control_state()
+        self._app_deployed = config.serve.external  # KubeRay deploys it there
+        self._decisions: Any = None
+        self.rollouts = Rollouts(registry, self._stats, on_decision=self._count_decision)
+        self.plane = ControlPlane(
+            registry,
+            triton,
+            config.triton,
+            config.state_dir / "triton-repository",
+            config.state_dir / "artifacts",
+            deploy=self._deploy,
+            desired=self.rollouts.desired,
+            on_load_failure=self._load_failed,
+        )
+        self.admin: AdminServer | None = None
+        now = clock()
+        self._next_reconcile = now + config.reconcile_interval_s
+        self._next_analysis = now + config.admin.analysis_interval_s
+
+    def start(self) -> None:
+        """Serve the admin API; point the registry's webhook at it."""
+        a = self.config.admin
+        secret = a.webhook_secret or secrets.token_urlsafe(32)
+        api = AdminApi(
+            self.rollouts,
+            self.reconcile,
+            token=a.token,
+            webhook_secret=secret,
+            lock=self.lock,
+            request_reconcile=self._wake.set,
+        )
+        self.admin = AdminServer(api.app, a.host, a.port)
+        self.admin.start()
+        if a.webhooks:
+            register_webhook(self.registry, f"{a.url}/admin/webhooks/mlflow", secret)
+
+    def stop(self) -> None:
+        if self.admin is not None:
+            self.admin.stop()
+            self.admin = None
+
+    @property
+    def serving(self) -> dict[str, ServedVersion]:
+        """What the front-end serves now, by Triton model name."""
+        return self.plane.serving
+
+    # -- converging ----------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Converge on the registry; safe from any thread (webhooks, commands, the loop)."""
+        with self.lock:
+            result = self.plane.reconcile()
+        for model, reason in result.failed.items():
+            log.error("%s could not be loaded: %s", model, reason)
+
+    def run_due(self) -> None:
+        """Analyse rollouts and reconcile when their intervals are up (or a webhook asked
+        for a reconcile). A round that fails (the registry briefly away) is tried again
+        at the next interval."""
+        now = self._clock()
+        try:
+            if now >= self._next_analysis:
+                self._next_analysis = now + self.config.admin.analysis_interval_s
+                with self.lock:
+                    decisions = self.rollouts.tick()
+                if decisions:
+                    self.reconcile()
+            if now >= self._next_reconcile or self._wake.is_set():
+                self._wake.clear()
+                self._next_reconcile = now + self.config.reconcile_interval_s
+                self.reconcile()
+        except Exception:
+            log.exception("control loop round failed")
+
+    def wait(self, timeout_s: float) -> None:
+        """Until ``timeout_s`` passed or a webhook asked for a reconcile."""
+        self._wake.wait(timeout_s)
+
+    def triton_restarted(self, triton: TritonControl) -> None:
+        """Triton came back empty: load every served version into it again."""
+        with self.lock:
+            self.plane.triton_restarted(triton)
+            self.reconcile()
+
+    # -- what the parts ask of each other ---------------------------------------------------
+
+    def _stats(self) -> dict[str, VersionCounters]:
+        """The front-end replicas' counters, summed: what canary analysis reads."""
+        import ray
+
+        return merge_reports(ray.get(self._state.snapshot.remote(), timeout=10))
+
+    def _deploy(self, served: list[ServedVersion]) -> None:
+        """Publish the traffic table; wait until every front-end replica runs it."""
+        import ray
+        from ray import serve
+
+        from infergate.serve_app import APP_NAME, frontend_app
+
+        version = ray.get(self._state.publish.remote([v.to_dict() for v in served]))
+        if not self._app_deployed:
+            app = frontend_app(self.config.frontend_settings(), self.config.serve)
+            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+            self._app_deployed = True
+        # Old versions are unloaded from Triton after this: no replica may still use them.
+        wait_until(
+            None,
+            lambda: ray.get(self._state.adopted.remote(version), timeout=5),
+            ADOPTION_TIMEOUT_S,
+            f"front-end replicas adopting traffic table {version}",
+        )
+
+    def _load_failed(self, version: ServedVersion, reason: str) -> None:
+        """A canary that cannot be loaded is rolled back at once; it never gets traffic.
+        ``reason`` says what failed (Triton's load, or reading the replicas' files)."""
+        if version.role == CANARY:
+            self.rollouts.rollback(version.name, reason)
+
+    def _count_decision(self, model: str, action: str) -> None:
+        from ray.util.metrics import Counter
+
+        if self._decisions is None:
+            metric = ROLLOUT_DECISIONS
+            self._decisions = Counter(
+                metric.full_name, description=metric.description, tag_keys=metric.labels
+            )
+        self._decisions.inc(1, {"model": model, "decision": action})

@@ -1,0 +1,44 @@
+"""One HTTP error path for every infergate server: the front-end replicas and the
+control plane's admin API.
+
+Every failure answers ``{"error": message, "type": kind}`` with the status its
+``InfergateError`` class carries; anything unforeseen is logged and answered as a 500
+whose body hides internals.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from infergate.errors import InfergateError
+
+log = logging.getLogger(__name__)
+JSON = "application/json"
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(content, status_code=status, headers=headers, media_type=JSON)
+
+
+def error_response(error: InfergateError) -> Response:
+    return json_response(error.to_body(), status=error.status, headers=error.headers() or None)
+
+
+async def answer(handle: Callable[[], Awaitable[Response]], what: str) -> Response:
+    """``handle()``'s response, or the error response of whatever it raised; ``what``
+    names the request in the log (``POST /predict``)."""
+    try:
+        return await handle()
+    except InfergateError as error:
+        if error.status >= 500:
+            log.warning("%s failed: %s", what, error)
+        return error_response(error)
+    except Exception:
+        log.exception("unhandled error on %s", what)
+        return error_response(InfergateError("internal error"))
