@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from infergate.bench import procfs
+from infergate.bench.analysis import ceiling_shares, cell_row, triton_hop
 from infergate.bench.loadgen import (
     HttpTarget,
     LoadResult,
@@ -24,16 +25,8 @@ from infergate.bench.loadgen import (
     run_load,
     run_sync,
 )
-from infergate.bench.report import (
-    ceiling_shares,
-    cell_row,
-    check,
-    evaluate_targets,
-    markdown,
-    triton_hop,
-    verdict,
-    write_report,
-)
+from infergate.bench.report import markdown, verdict, write_report
+from infergate.bench.targets import check, evaluate_targets
 from infergate.bench.workload import PROFILES, TARGET_CELLS, Cell, TextSets, texts_of_length
 
 # -- percentiles and load results ------------------------------------------------------------
@@ -491,7 +484,7 @@ def test_a_variant_is_reported_right_after_infergate():
 
 
 def test_cpu_budget_bounds_what_a_front_end_could_reach():
-    from infergate.bench.report import cpu_budget
+    from infergate.bench.analysis import cpu_budget
 
     results = _results()
     results["ceiling"]["rows"][1]["cpu_ms_per_sequence"] = 2.0  # 1000 seq/s on 2 cores
@@ -549,7 +542,7 @@ def _with_paced_floor(at_target: float, at_target_rps: float = 550.0) -> dict:
 
 
 def test_cpu_budget_prices_the_floor_at_the_targets_rate_and_at_infergates():
-    from infergate.bench.report import cpu_budget
+    from infergate.bench.analysis import cpu_budget
 
     results = _with_paced_floor(at_target=27.5)  # 0.5 ms a request, 0.6 with the client
     [budget] = cpu_budget(results)
@@ -575,7 +568,7 @@ def test_cpu_budget_prices_the_floor_at_the_targets_rate_and_at_infergates():
 
 
 def test_a_paced_floor_far_off_its_rate_is_not_read():
-    from infergate.bench.report import cpu_budget
+    from infergate.bench.analysis import cpu_budget
 
     [budget] = cpu_budget(_with_paced_floor(at_target=27.5, at_target_rps=480.0))
     assert budget["floor_at_target_cpu_ms_per_request"] is None and budget["room_ms"] is None
@@ -609,14 +602,14 @@ def test_a_share_met_or_with_failed_requests_keeps_its_own_note():
 
 
 def test_no_budget_without_a_floor_or_the_ceiling_cpu():
-    from infergate.bench.report import cpu_budget
+    from infergate.bench.analysis import cpu_budget
 
     assert cpu_budget(_results()) == []
     assert "## CPU budget" not in markdown(_results())
 
 
 def test_latency_budget_bounds_concurrency_one_and_explains_a_miss():
-    from infergate.bench.report import latency_budget
+    from infergate.bench.analysis import latency_budget
 
     results = _results()
     infergate = results["scenarios"]["infergate"]
@@ -664,7 +657,7 @@ def test_triton_alone_keeps_the_faster_of_two_runs_per_length():
 
 
 def test_no_latency_budget_without_triton_alone_or_the_floor():
-    from infergate.bench.report import latency_budget
+    from infergate.bench.analysis import latency_budget
 
     results = _results()
     assert latency_budget(results) == []

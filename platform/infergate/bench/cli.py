@@ -34,8 +34,9 @@ def running_stack() -> Path | None:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; exit 0 when it ran (targets are reported, not enforced), 1 when a
     scenario failed to run, 2 with ``--check`` when a target was missed."""
-    from infergate.bench.report import evaluate_targets, write_report
+    from infergate.bench.report import write_report
     from infergate.bench.runner import ALL_SCENARIOS, BenchOptions, run_bench
+    from infergate.bench.targets import evaluate_targets
     from infergate.bench.workload import PROFILES
 
     # Progress bars of artifact downloads would be noise between the progress lines.

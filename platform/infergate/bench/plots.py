@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: a headless backend, whatever the environment says
 import matplotlib.pyplot as plt
 
-from infergate.bench.report import CEILING_BATCH, WITHOUT_MODEL, ceiling_row
+from infergate.bench.analysis import CEILING_BATCH, WITHOUT_MODEL, ceiling_row
 
 # The lean front-end in grey: a bound for infergate rather than a rival layout.
 COLORS = {"infergate": "C0", "lean": "C7", "inprocess": "C2", "ensemble": "C1", "naive": "C3"}

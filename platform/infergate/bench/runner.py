@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from infergate.bench import procfs
+from infergate.bench.analysis import WITHOUT_MODEL, cell_row, single_text_target_rps
 from infergate.bench.loadgen import HttpTarget, run_load, run_sync, send_once
 from infergate.bench.prepare import PreparedModel, prepare_model
-from infergate.bench.report import WITHOUT_MODEL, cell_row, single_text_target_rps
 from infergate.bench.scenarios import SCENARIOS, InfergateStack, Scenario
 from infergate.bench.workload import PROBE_TEXTS, Cell, Profile, TextSets, build_text_sets
 from infergate.config import PROJECT_ROOT, load_config
@@ -402,7 +402,7 @@ def progress_line(scenario: str, row: dict[str, Any]) -> str:
 
 
 def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
-    """The whole run; returns the results document (see ``infergate.bench.report``)."""
+    """The whole run; returns the results document (see ``infergate.bench.analysis``)."""
     profile = options.profile
     unknown = set(options.scenarios) - set(ALL_SCENARIOS)
     if unknown:
