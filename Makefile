@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install prometheus run up down test test-unit test-e2e lint format clean
+.PHONY: install prometheus run up down test test-unit test-integration test-e2e lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,9 +40,16 @@ test: install prometheus
 test-unit: install
 	$(PY) -m pytest tests/unit
 
+test-integration: install prometheus
+	$(PY) -m pytest tests/integration
+
+test-e2e: install prometheus
+	$(PY) -m pytest tests/e2e
+
 lint: install
 	$(VENV)/bin/ruff check platform tests
 	$(VENV)/bin/ruff format --check platform tests
+	$(VENV)/bin/mypy
 
 format: install
 	$(VENV)/bin/ruff format platform tests

@@ -27,7 +27,7 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from infergate.onnx_export import transformers_quiet
+from infergate.hf_folder import transformers_quiet
 
 log = logging.getLogger(__name__)
 

@@ -25,15 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 CLASSIFICATION = "text-classification"
 EMBEDDINGS = "feature-extraction"
 DEFAULT_EPS = 1e-4
 
 
-def psi(
-    expected_shares: Sequence[float], actual_shares: Sequence[float], eps: float = DEFAULT_EPS
-) -> float:
+def psi(expected_shares: ArrayLike, actual_shares: ArrayLike, eps: float = DEFAULT_EPS) -> float:
     """Population stability index ``sum((a - e) * ln(a / e))`` over the bins.
 
     Both inputs are normalised to sum to 1 first (counts are fine too). Smoothing: every

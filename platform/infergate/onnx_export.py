@@ -1,10 +1,10 @@
 """Turn a Hugging Face model folder into an optimised ONNX file and prove it still agrees.
 
-``build`` loads the folder offline, exports a graph with two int64 inputs (``input_ids``,
-``attention_mask``) through :class:`ExportWrapper`, runs the ONNX Runtime transformer
-optimiser, converts to the requested precision, checks parity against PyTorch
-(:mod:`infergate.parity`, which also holds the tolerances and the measured figures) and only
-then writes ``out_dir/model.onnx`` and ``out_dir/tokenizer/``.
+``build`` loads the folder offline (``infergate.hf_folder`` checks it), exports a graph
+with two int64 inputs (``input_ids``, ``attention_mask``) through :class:`ExportWrapper`,
+runs the ONNX Runtime transformer optimiser, converts to the requested precision, checks
+parity against PyTorch (:mod:`infergate.parity`, which also holds the tolerances and the
+measured figures) and only then writes ``out_dir/model.onnx`` and ``out_dir/tokenizer/``.
 
 Why it is done this way:
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import logging
 import shutil
 import sys
@@ -40,12 +39,21 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-import transformers
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.transformers.optimizer import optimize_model
 from tqdm import tqdm
 
 from infergate.errors import RegistrationError
+from infergate.hf_folder import (
+    SUPPORTED_ARCHITECTURES,
+    first_line,
+    labels_of,
+    load_config,
+    load_model,
+    load_tokenizer,
+    max_length_of,
+    transformers_quiet,
+)
 from infergate.parity import DEFAULT_SAMPLE_TEXTS, ParityReport, verify_onnx
 
 __all__ = ["OUTPUT_NAMES", "SUPPORTED_ARCHITECTURES", "BuildResult", "ParityReport", "build"]
@@ -57,30 +65,6 @@ PRECISIONS = ("int8", "fp16", "fp32")
 INPUT_NAMES = ("input_ids", "attention_mask")
 OPSET = 18
 
-# config.model_type -> model_type of the ORT optimiser. Each was exported, optimised,
-# converted to every precision and parity-checked as a tiny random model. mpnet's
-# relative-position attention is left unfused (its LayerNorm and GELU are fused).
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "albert": "bert",
-    "bert": "bert",
-    "camembert": "bert",
-    "distilbert": "bert",
-    "electra": "bert",
-    "mpnet": "bert",
-    "roberta": "bert",
-    "xlm-roberta": "bert",
-}
-# These number positions from pad_token_id + 1, so that many positions are unusable.
-_OFFSET_POSITIONS = frozenset({"camembert", "mpnet", "roberta", "xlm-roberta"})
-# Files a tokenizer is built from: tokenizer.json or the vocabulary a fast one converts.
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "vocab.txt",
-    "vocab.json",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "tokenizer.model",
-)
 # Traced with real padding so that the mask handling is traced in its general form.
 _EXPORT_EXAMPLE = ("a short text", "a somewhat longer text, so that this batch needs padding")
 
@@ -170,11 +154,11 @@ def build(
     with bar, tempfile.TemporaryDirectory(prefix="infergate-onnx-") as tmp:
         work = Path(tmp)
         with step("load"), transformers_quiet(not progress):
-            model_type, config = _load_config(model_dir)
-            tokenizer = _load_tokenizer(model_dir, int(config.vocab_size))
-            wrapper = ExportWrapper(_load_model(model_dir, task), task).eval()
-            labels = _labels(config) if task == "text-classification" else []
-            max_length = _max_length(config, tokenizer, model_type, max_length)
+            model_type, config = load_config(model_dir)
+            tokenizer = load_tokenizer(model_dir, int(config.vocab_size))
+            wrapper = ExportWrapper(load_model(model_dir, task), task).eval()
+            labels = labels_of(config) if task == "text-classification" else []
+            max_length = max_length_of(config, tokenizer, model_type, max_length)
 
         def encode(batch: Sequence[str]) -> dict[str, np.ndarray]:
             enc = tokenizer(list(batch), padding=True, truncation=True, max_length=max_length)
@@ -216,104 +200,6 @@ def build(
     )
 
 
-def _load_config(model_dir: Path) -> tuple[str, Any]:
-    """Return model_type and config if ``model_dir`` holds a supported Hugging Face model."""
-    if not model_dir.is_dir():
-        raise RegistrationError(f"model folder {model_dir} does not exist or is not a folder")
-    config_file = model_dir / "config.json"
-    if not config_file.is_file():
-        raise RegistrationError(f"{model_dir} is not a Hugging Face model folder: no config.json")
-    try:
-        model_type = json.loads(config_file.read_text()).get("model_type")
-    except (ValueError, AttributeError, OSError) as exc:
-        raise RegistrationError(f"cannot read {config_file}: {_first_line(exc)}") from None
-    if model_type not in SUPPORTED_ARCHITECTURES:
-        raise RegistrationError(
-            f"architecture {model_type!r} of {model_dir} is not supported; supported: "
-            f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
-        )
-    try:
-        config = transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    except Exception as exc:  # malformed fields raise TypeError, ValueError, ...
-        raise RegistrationError(f"cannot read {config_file}: {_first_line(exc)}") from None
-    return str(model_type), config
-
-
-def _load_tokenizer(model_dir: Path, vocab_size: int) -> Any:
-    # transformers 5 builds an empty tokenizer (special tokens only) from a folder without
-    # these files instead of failing, and every word would become [UNK].
-    if not any((model_dir / name).is_file() for name in _TOKENIZER_FILES):
-        raise RegistrationError(
-            f"no fast tokenizer in {model_dir}: none of {', '.join(_TOKENIZER_FILES)} is there"
-        )
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    except Exception as exc:  # transformers raises many types here; all mean "no tokenizer"
-        raise RegistrationError(f"no fast tokenizer in {model_dir}: {_first_line(exc)}") from None
-    if not getattr(tokenizer, "is_fast", False):
-        raise RegistrationError(
-            f"the tokenizer in {model_dir} is not a fast tokenizer (tokenizer.json); "
-            "infergate tokenizes with the Rust tokenizers library only"
-        )
-    if tokenizer.pad_token_id is None:
-        raise RegistrationError(f"the tokenizer in {model_dir} has no pad token to batch with")
-    if len(tokenizer) > vocab_size:
-        raise RegistrationError(
-            f"the tokenizer in {model_dir} has {len(tokenizer)} tokens but the model embeds "
-            f"only {vocab_size}; they do not belong together"
-        )
-    return tokenizer
-
-
-def _load_model(model_dir: Path, task: str) -> torch.nn.Module:
-    auto = transformers.AutoModelForSequenceClassification
-    if task == "feature-extraction":
-        auto = transformers.AutoModel
-    try:
-        model, info = auto.from_pretrained(
-            model_dir,
-            local_files_only=True,
-            attn_implementation="eager",
-            dtype=torch.float32,
-            output_loading_info=True,
-        )
-    except Exception as exc:  # missing or corrupt weights, wrong shapes, ...
-        raise RegistrationError(
-            f"cannot load the model in {model_dir}: {_first_line(exc)}"
-        ) from None
-    # Missing weights are initialised at random: fatal, except the pooler mean pooling skips.
-    missing = sorted(
-        key for key in info["missing_keys"] if task == "text-classification" or "pooler" not in key
-    )
-    if missing:
-        head = task == "text-classification"
-        hint = " (no trained classification head: fine-tune it first)" if head else ""
-        raise RegistrationError(f"{model_dir} has no weights for {', '.join(missing[:3])}{hint}")
-    return model.eval()
-
-
-def _labels(config: transformers.PretrainedConfig) -> list[str]:
-    id2label = {int(k): str(v) for k, v in (getattr(config, "id2label", None) or {}).items()}
-    labels = [id2label.get(i) for i in range(len(id2label))]
-    if not labels or None in labels:
-        raise RegistrationError(
-            f"text-classification needs config.id2label mapping 0..n-1 to names; got {id2label}"
-        )
-    return [str(label) for label in labels]
-
-
-def _max_length(config: Any, tokenizer: Any, model_type: str, requested: int | None) -> int:
-    positions = int(config.max_position_embeddings)
-    if model_type in _OFFSET_POSITIONS:
-        positions -= int(config.pad_token_id or 0) + 1
-    if requested is None:
-        # A tokenizer without a limit reports a huge sentinel (int(1e30)).
-        return min(int(tokenizer.model_max_length), positions)
-    if not 2 <= requested <= positions:
-        raise RegistrationError(f"max_length {requested} is out of range: use 2..{positions}")
-    return requested
-
-
 def _output_dim(wrapper: ExportWrapper, example: dict[str, np.ndarray], labels: list[str]) -> int:
     with torch.no_grad():
         dim = int(wrapper(*(torch.from_numpy(example[n]) for n in INPUT_NAMES)).shape[-1])
@@ -343,7 +229,7 @@ def _export(wrapper: ExportWrapper, example: dict, path: Path, output_name: str)
             )
         return
     except Exception as exc:  # the classic exporter is gone (newer torch) or failed here
-        classic_error = _first_line(exc)
+        classic_error = first_line(exc)
         log.warning("classic ONNX export failed (%s); trying the dynamo exporter", classic_error)
     try:
         with warnings.catch_warnings(), torch.no_grad():
@@ -360,7 +246,7 @@ def _export(wrapper: ExportWrapper, example: dict, path: Path, output_name: str)
             )
     except Exception as exc:
         raise RegistrationError(
-            f"ONNX export failed: {classic_error}; dynamo exporter: {_first_line(exc)}"
+            f"ONNX export failed: {classic_error}; dynamo exporter: {first_line(exc)}"
         ) from None
 
 
@@ -375,7 +261,7 @@ def _optimise(work: Path, config: Any, model_type: str) -> Any:
         )
         optimised.save_model_to_file(str(work / "optimised.onnx"))
     except Exception as exc:
-        raise RegistrationError(f"ONNX Runtime optimisation failed: {_first_line(exc)}") from None
+        raise RegistrationError(f"ONNX Runtime optimisation failed: {first_line(exc)}") from None
     fused = {op: n for op, n in optimised.get_fused_operator_statistics().items() if n}
     log.info("ONNX Runtime optimiser fused %s", fused or "nothing")
     return optimised
@@ -403,28 +289,8 @@ def _convert(optimised: Any, work: Path, precision: str) -> Path:
                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
                 )
     except Exception as exc:
-        raise RegistrationError(f"{precision} conversion failed: {_first_line(exc)}") from None
+        raise RegistrationError(f"{precision} conversion failed: {first_line(exc)}") from None
     return out
-
-
-@contextlib.contextmanager
-def transformers_quiet(hide_progress: bool) -> Iterator[None]:
-    """Silence transformers while loading or saving, then restore its settings.
-
-    Its load report (weights missing or unused) is checked by the callers themselves, so
-    only errors get through; its progress bars are hidden on request.
-    """
-    hf_logging = transformers.utils.logging
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    if hide_progress:
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if hide_progress and bars:
-            hf_logging.enable_progress_bar()
 
 
 @contextlib.contextmanager
@@ -439,8 +305,3 @@ def _without_log_message(text: str) -> Iterator[None]:
         yield
     finally:
         logging.getLogger().removeFilter(drop)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

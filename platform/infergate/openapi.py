@@ -96,9 +96,12 @@ def _predict_operation(summary: str) -> dict[str, Any]:
 
 @cache
 def openapi_document() -> dict[str, Any]:
-    models = [PredictBody, Classification, PredictResponse, VersionInfo, ModelInfo, ModelList]
+    models: list[type[BaseModel]] = [
+        PredictBody, Classification, PredictResponse, VersionInfo, ModelInfo, ModelList,
+        ErrorBody,
+    ]  # fmt: skip
     schemas: dict[str, Any] = {}
-    for model in [*models, ErrorBody]:
+    for model in models:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema

