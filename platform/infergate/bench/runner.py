@@ -23,9 +23,11 @@ from typing import Any
 
 from infergate.bench import procfs
 from infergate.bench.analysis import WITHOUT_MODEL, cell_row, single_text_target_rps
+from infergate.bench.baselines import EnsembleTriton, FloorServe, InprocessServe, NaiveServer
 from infergate.bench.loadgen import HttpTarget, run_load, run_sync, send_once
 from infergate.bench.prepare import PreparedModel, prepare_model
-from infergate.bench.scenarios import SCENARIOS, InfergateStack, Scenario
+from infergate.bench.scenarios import Scenario
+from infergate.bench.stack_scenarios import InfergateStack, LeanStack
 from infergate.bench.workload import PROBE_TEXTS, Cell, Profile, TextSets, build_text_sets
 from infergate.config import PROJECT_ROOT, load_config
 
@@ -48,6 +50,10 @@ CEILING_THREADS = 0
 PACED_CONCURRENCY = 32
 PACE_TOLERANCE = 0.05
 Say = Callable[[str], None]
+SCENARIOS: dict[str, type[Scenario]] = {
+    cls.name: cls
+    for cls in (InfergateStack, LeanStack, InprocessServe, FloorServe, EnsembleTriton, NaiveServer)
+}
 
 
 @dataclass(frozen=True)
