@@ -16,7 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper, numpy_helper
 
-from infergate.bench.scenarios import sequential_calls
+from infergate.bench.stack_scenarios import sequential_calls
 from infergate.config import TritonSettings
 from infergate.errors import BackendTimeout, BackendUnavailable, InfergateError, RegistrationError
 from infergate.triton.client import TritonBackend, TritonControl

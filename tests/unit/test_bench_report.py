@@ -443,7 +443,7 @@ def test_triton_counters_parsed_from_prometheus_text():
 
 
 def test_the_ceiling_keeps_the_faster_of_its_two_runs_per_row():
-    from infergate.bench.runner import merge_ceiling_runs
+    from infergate.bench.measure import merge_ceiling_runs
 
     first = {
         "rows": [
@@ -462,7 +462,7 @@ def test_the_ceiling_keeps_the_faster_of_its_two_runs_per_row():
 
 
 def test_variants_are_parsed_and_refused_when_malformed():
-    from infergate.bench.runner import Variant
+    from infergate.bench.options import Variant
 
     variant = Variant.parse("two-instances:INFERGATE_TRITON__INSTANCE_COUNT=2,X=a=b")
     assert variant == Variant(

@@ -34,8 +34,9 @@ def running_stack() -> Path | None:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; exit 0 when it ran (targets are reported, not enforced), 1 when a
     scenario failed to run, 2 with ``--check`` when a target was missed."""
+    from infergate.bench.options import ALL_SCENARIOS, BenchOptions
     from infergate.bench.report import write_report
-    from infergate.bench.runner import ALL_SCENARIOS, BenchOptions, run_bench
+    from infergate.bench.runner import run_bench
     from infergate.bench.targets import evaluate_targets
     from infergate.bench.workload import PROFILES
 
@@ -90,7 +91,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` to the ``infergate`` command's subparsers."""
-    from infergate.bench.runner import ALL_SCENARIOS, Variant
+    from infergate.bench.options import ALL_SCENARIOS, Variant
 
     def variant(text: str) -> Variant:
         try:

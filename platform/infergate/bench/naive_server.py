@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-# Set by infergate.bench.scenarios.NaiveServer. Not INFERGATE_*: load_config() would read
+# Set by infergate.bench.baselines.NaiveServer. Not INFERGATE_*: load_config() would read
 # that prefix as a config override and reject the unknown field.
 MODEL_ENV = "BENCH_NAIVE_MODEL_DIR"
 MAX_LENGTH = 512
