@@ -157,6 +157,29 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_triton(args: argparse.Namespace) -> int:
+    """Run the wheel's Triton in the foreground, for a control plane on another machine."""
+    from infergate.triton.server import (
+        find_tritonserver,
+        prepare_backends,
+        server_command,
+        server_environment,
+    )
+
+    config = _config(args)
+    settings = config.triton.model_copy(update={"bind_address": args.address})
+    repository = args.repository or config.state_dir / "triton-repository"
+    repository.mkdir(parents=True, exist_ok=True)
+    install = find_tritonserver()
+    backends = prepare_backends(config.state_dir, install=install)
+    command = server_command(settings, repository, backends, install=install)
+    _say(
+        f"Triton on {args.address}: HTTP {settings.http_port}, gRPC {settings.grpc_port}, "
+        f"metrics {settings.metrics_port}; repository {repository} (explicit model control)"
+    )
+    os.execve(command[0], command, server_environment(os.environ, install=install))
+
+
 # -- register ------------------------------------------------------------------------------
 
 
@@ -218,6 +241,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     down = sub.add_parser("down", parents=[common], help="stop the stack started by `up`")
     down.set_defaults(func=cmd_down)
+
+    triton = sub.add_parser(
+        "triton",
+        parents=[common],
+        help="run a Triton server (from the nvidia-pytriton wheel) for a control plane that "
+        "drives it from elsewhere (triton.external_host)",
+    )
+    triton.add_argument(
+        "--address", default="127.0.0.1", help="address to listen on; 0.0.0.0 for other hosts"
+    )
+    triton.add_argument(
+        "--repository", type=Path, help="model repository (default: STATE_DIR/triton-repository)"
+    )
+    triton.set_defaults(func=cmd_triton)
 
     registry = argparse.ArgumentParser(add_help=False, parents=[common])
     registry.add_argument("--tracking-uri", help="MLflow server (default: the local stack's)")

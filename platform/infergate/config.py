@@ -65,10 +65,47 @@ class TritonSettings(Frozen):
         description="Place model instances on GPUs (KIND_GPU); ONNX Runtime then tries its "
         "CUDA provider first. Needs a GPU machine.",
     )
+    external_host: str | None = Field(
+        None,
+        description="Drive a Triton the platform did not start, at this host (on the ports "
+        "above, explicit model control) instead of starting one. Every address the name "
+        "resolves to is a Triton of its own (a headless Service's pods): each gets every "
+        "load and unload.",
+    )
+    repository_dir: Path | None = Field(
+        None,
+        description="A model repository folder an external Triton reads too (a shared "
+        "volume): versions are written there and loaded by name. Unset, a version's files "
+        "travel with its load request (Triton's repository API), so a Triton with an "
+        "empty repository of its own, on another machine, works.",
+    )
+    backend: Literal["python", "onnxruntime", "auto"] = Field(
+        "python",
+        description="How Triton runs a version: 'onnxruntime' is Triton's native ONNX "
+        "Runtime backend (NVIDIA's images); 'python' a Python-backend model running ONNX "
+        "Runtime (the only backend of the nvidia-pytriton wheel); 'auto' asks the server "
+        "which it can load.",
+    )
+    tensorrt: bool = Field(
+        False,
+        description="With the onnxruntime backend on GPU instances: let ONNX Runtime hand "
+        "the graph to TensorRT (its execution accelerator), in FP16.",
+    )
+    check_interval_s: float = Field(
+        2.0,
+        gt=0,
+        description="How often the control plane checks that every Triton still has every "
+        "served version loaded (one that restarted comes back empty) and loads it again.",
+    )
+
+    @property
+    def host(self) -> str:
+        """Where Triton answers: the external host, or this machine."""
+        return self.external_host or "127.0.0.1"
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self.host}:{self.grpc_port}"
 
 
 class AutoscalingSettings(Frozen):

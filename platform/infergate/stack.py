@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from infergate.config import PROJECT_ROOT, StackConfig
-from infergate.control.service import ControlService
+from infergate.control.service import ControlService, triton_repository
 from infergate.errors import StackError
 from infergate.processes import (
     Child,
@@ -34,6 +34,7 @@ from infergate.processes import (
 from infergate.ray_start import start_ray
 from infergate.registry import Registry
 from infergate.triton.client import TritonControl
+from infergate.triton.fleet import TritonFleet
 from infergate.triton.server import (
     find_tritonserver,
     prepare_backends,
@@ -108,22 +109,25 @@ class Stack:
         self._check_ports()
         if self.config.mlflow.tracking_uri is None:
             self._start_mlflow()
-        self._start_triton()
+        if self.config.triton.external_host is None:
+            self._start_triton()
+        else:
+            self._wait_for_external_triton()
         self._start_serve()
         self._start_control_plane()
         self._start_prometheus()
 
     def _check_ports(self) -> None:
         c = self.config
-        ports = {
-            "Triton HTTP": ("127.0.0.1", c.triton.http_port, "INFERGATE_TRITON__HTTP_PORT"),
-            "Triton gRPC": ("127.0.0.1", c.triton.grpc_port, "INFERGATE_TRITON__GRPC_PORT"),
-            "Triton metrics": (
+        ports: dict[str, tuple[str, int, str]] = {}
+        if c.triton.external_host is None:
+            ports["Triton HTTP"] = ("127.0.0.1", c.triton.http_port, "INFERGATE_TRITON__HTTP_PORT")
+            ports["Triton gRPC"] = ("127.0.0.1", c.triton.grpc_port, "INFERGATE_TRITON__GRPC_PORT")
+            ports["Triton metrics"] = (
                 "127.0.0.1",
                 c.triton.metrics_port,
                 "INFERGATE_TRITON__METRICS_PORT",
-            ),
-        }
+            )
         if not c.serve.external:
             ports["Ray Serve HTTP"] = (c.serve.host, c.serve.port, "INFERGATE_SERVE__PORT")
             ports["Ray metrics"] = (
@@ -161,7 +165,8 @@ class Stack:
     def _start_triton(self) -> None:
         t = self.config.triton
         install = find_tritonserver()
-        repository = self.state_dir / "triton-repository"
+        repository = triton_repository(self.config)
+        assert repository is not None
         # Versions are loaded explicitly by the control plane; start from an empty repository.
         shutil.rmtree(repository, ignore_errors=True)
         repository.mkdir(parents=True)
@@ -169,15 +174,26 @@ class Stack:
         command = server_command(t, repository, backends, install=install)
         child = self._spawn("triton", command, server_environment(os.environ, install=install))
         control = TritonControl(t.grpc_url)
-        wait_until(child, control.server_ready, t.startup_timeout_s, "Triton")
-        self.triton_control = control
+        try:
+            wait_until(child, control.server_ready, t.startup_timeout_s, "Triton")
+        finally:
+            control.close()
+
+    def _wait_for_external_triton(self) -> None:
+        """A Triton the stack does not start: wait until every address answers."""
+        t = self.config.triton
+        fleet = TritonFleet(t, None)
+        try:
+            wait_until(None, fleet.ready, t.startup_timeout_s, f"Triton at {t.host}")
+        finally:
+            fleet.close()
 
     def _start_serve(self) -> None:
         start_ray(self.config.serve, keep={child.popen.pid for child in self.children})
         self._serve_started = True
 
     def _start_control_plane(self) -> None:
-        self.control = ControlService(self.config, self.registry, self.triton_control)
+        self.control = ControlService(self.config, self.registry)
         self.control.start()
 
     def _prometheus_binary(self) -> str | None:
@@ -226,7 +242,7 @@ class Stack:
             "admin": c.admin.url,
             "mlflow": c.mlflow.uri,
             "triton_grpc": c.triton.grpc_url,
-            "triton_metrics": f"http://127.0.0.1:{c.triton.metrics_port}/metrics",
+            "triton_metrics": f"http://{c.triton.host}:{c.triton.metrics_port}/metrics",
             "models": sorted(f"{v.name} v{v.version}" for v in served.values()),
             "logs": str(self.log_dir),
         }
@@ -284,7 +300,7 @@ class Stack:
             with self.control.lock:  # no reconcile or command meanwhile
                 start()
                 if child.name == "triton":  # it came back empty
-                    self.control.triton_restarted(self.triton_control)
+                    self.control.triton_restarted()
         log.info("%s runs again", child.name)
 
     # -- stop --------------------------------------------------------------------------
@@ -315,7 +331,7 @@ def render_prometheus_config(config: StackConfig) -> str:
     """deployments/prometheus.yml with this stack's ports filled in."""
     text = PROMETHEUS_TEMPLATE.read_text()
     values = {
-        "TRITON_METRICS": f"127.0.0.1:{config.triton.metrics_port}",
+        "TRITON_METRICS": f"{config.triton.host}:{config.triton.metrics_port}",
         "RAY_METRICS": f"127.0.0.1:{config.serve.metrics_export_port}",
         "HAPROXY_METRICS": f"127.0.0.1:{config.serve.haproxy_metrics_port}",
     }

@@ -27,13 +27,6 @@ DEPLOYMENTS = PROJECT_ROOT / "deployments"
 COMPOSE_FILE = DEPLOYMENTS / "compose.yaml"
 REQUIRED = {"INFERGATE_ADMIN_TOKEN": "test-token"}
 
-# Settings handed to the control plane that config.py does not accept yet; the same list as
-# in test_helm_chart.py. Remove a name once config.py accepts it.
-PENDING_SETTINGS = {
-    "INFERGATE_TRITON__EXTERNAL_HOST",
-    "INFERGATE_TRITON__REPOSITORY_DIR",
-    "INFERGATE_TRITON__BACKEND",
-}
 PENDING_FRONTEND_ARGS: set[str] = set()
 
 
@@ -200,13 +193,19 @@ def test_volumes_configs_and_dependencies_are_declared(compose):
                 assert "healthcheck" in services[dependency], f"{dependency} has no healthcheck"
 
 
-def test_control_plane_and_triton_share_the_model_volume(compose):
+def test_versions_reach_triton_with_their_loads_not_through_a_shared_volume(compose):
     triton, control_plane = compose["services"]["triton"], compose["services"]["control-plane"]
-    assert "models:/models:ro" in triton["volumes"]
-    assert "models:/models" in control_plane["volumes"]
+    assert triton["tmpfs"] == ["/models"] and "volumes" not in triton
     assert "--model-repository=/models" in triton["command"]
     assert "--model-control-mode=explicit" in triton["command"]
-    assert env_of(control_plane)["INFERGATE_TRITON__REPOSITORY_DIR"] == "/models"
+    assert "--load-model=*" not in triton["command"]
+    assert "volumes" not in control_plane
+    env = env_of(control_plane)
+    assert "INFERGATE_TRITON__REPOSITORY_DIR" not in env
+    assert (env["INFERGATE_TRITON__EXTERNAL_HOST"], env["INFERGATE_TRITON__BACKEND"]) == (
+        "triton",
+        "onnxruntime",
+    )
 
 
 def test_triton_runs_on_cpu_unless_asked_for_gpus(raw):
@@ -231,10 +230,9 @@ def test_control_plane_settings_are_known_to_config(compose):
                 load_config(Path("/nonexistent.yaml"), environ={name: value})
             except ValidationError:
                 rejected.add(name)
-    assert rejected == PENDING_SETTINGS, (
-        "settings config.py refuses (add them there), or pending ones it now accepts (drop "
-        f"them from PENDING_SETTINGS): {rejected ^ PENDING_SETTINGS}"
-    )
+    assert rejected == set(), "settings config.py refuses: add them there"
+    config = load_config(Path("/nonexistent.yaml"), environ={k: str(v) for k, v in env.items()})
+    assert config.triton.grpc_url == "triton:8001"
     assert env["INFERGATE_MLFLOW__TRACKING_URI"] == "http://mlflow:5000"
     assert env["INFERGATE_TRITON__EXTERNAL_HOST"] in compose["services"]
 
@@ -243,9 +241,7 @@ def test_replicas_send_no_call_larger_than_tritons_batch(compose):
     # The control plane writes Triton's model configs from deployments/local.yaml and its
     # environment; Triton refuses a call of more rows than their max_batch_size.
     env = env_of(compose["services"]["control-plane"])
-    known = {
-        k: v for k, v in env.items() if k.startswith("INFERGATE_") and k not in PENDING_SETTINGS
-    }
+    known = {k: v for k, v in env.items() if k.startswith("INFERGATE_")}
     triton = load_config(environ=known).triton
     args = config_content(compose, "serve")["applications"][0]["args"]
     assert args["batch_max_rows"] <= triton.max_batch_size

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import functools
+import itertools
 import re
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,14 +31,6 @@ RELEASE, NAMESPACE = "demo", "ml"
 # Oldest Kubernetes the chart's kubeVersion admits, rounded to a release the schemas cover.
 KUBE_VERSION = "1.30.0"
 
-# Settings the deployment hands to the platform that it does not accept yet (the builder
-# infergate.serve_app:build_app and these fields are still to be written). Remove a name
-# once platform/infergate/config.py accepts it; the tests below say when.
-PENDING_SETTINGS = {
-    "INFERGATE_TRITON__EXTERNAL_HOST",
-    "INFERGATE_TRITON__REPOSITORY_DIR",
-    "INFERGATE_TRITON__BACKEND",
-}
 PENDING_FRONTEND_ARGS: set[str] = set()
 
 # Value sets the chart is rendered with: the defaults and each toggle.
@@ -68,11 +62,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             },
         },
     },
+    "shared-repository": {"modelRepository": {"shared": True}},
     "existing-secrets-no-monitoring": {
         "controlPlane": {"auth": {"existingSecret": "infergate-admin"}},
         "mlflow": {"webhookEncryptionKey": {"existingSecret": "mlflow-webhook-key"}},
         "postgresql": {"existingSecret": "postgres-password"},
-        "modelRepository": {"existingClaim": "shared-models"},
+        "modelRepository": {"shared": True, "existingClaim": "shared-models"},
         "prometheus": {"enabled": False},
         "grafana": {"enabled": False},
         "frontend": {"fastIngress": False},
@@ -167,6 +162,34 @@ def test_chart_lints_without_warnings(scenario):
     )
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert not report["errors"] and not problems, report
+
+
+def readme_helm_install() -> tuple[list[str], dict[str, Any]]:
+    """The README's `helm install` command: its words, and the values its --set flags give."""
+    text = (PROJECT_ROOT / "README.md").read_text()
+    (command,) = re.findall(r"^helm install .*?(?<!\\)$", text, flags=re.M | re.S)
+    words = shlex.split(command.replace("\\\n", " "))
+    values: dict[str, Any] = {}
+    for word, value in itertools.pairwise(words):
+        if word == "--set":
+            *path, leaf = value.split("=", 1)[0].split(".")
+            node = values
+            for key in path:
+                node = node.setdefault(key, {})
+            node[leaf] = value.split("=", 1)[1]
+    return words, values
+
+
+def test_the_readmes_helm_install_renders_a_valid_release():
+    words, values = readme_helm_install()
+    assert words[:4] == ["helm", "install", "infergate", "helm/infergate"]
+    assert words[words.index("--namespace") + 1] == NAMESPACE
+    manifests = render(values)
+    for manifest in manifests:
+        if manifest["kind"] != "RayService":
+            kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
+    image = container(find(manifests, "Deployment", named("control-plane")))["image"]
+    assert image.startswith(values["image"]["repository"] + ":")
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -314,13 +337,19 @@ def test_coalescing_settings_reach_the_replicas_capped_at_tritons_batch():
     assert settings.batch_full_calls_ahead == 0
 
 
+def as_environ(env: dict[str, Any]) -> dict[str, str]:
+    """The INFERGATE_* variables as the process sees them (secret references: a stand-in)."""
+    return {
+        name: value if isinstance(value, str) else "stand-in-secret"
+        for name, value in env.items()
+        if name.startswith("INFERGATE_")
+    }
+
+
 def rejected_settings(env: dict[str, Any]) -> set[str]:
-    """The INFERGATE_* variables load_config refuses (secret references get a stand-in)."""
+    """The INFERGATE_* variables load_config refuses, each tried alone."""
     rejected = set()
-    for name, value in env.items():
-        if not name.startswith("INFERGATE_"):
-            continue
-        raw = value if isinstance(value, str) else "stand-in-secret"
+    for name, raw in as_environ(env).items():
         try:
             load_config(Path("/nonexistent.yaml"), environ={name: raw})
         except ValidationError:
@@ -328,14 +357,17 @@ def rejected_settings(env: dict[str, Any]) -> set[str]:
     return rejected
 
 
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_control_plane_setting_is_accepted_by_load_config(scenario):
+    manifests = render(scenario)
+    env = env_of(container(find(manifests, "Deployment", named("control-plane"))))
+    assert rejected_settings(env) == set(), "settings config.py refuses: add them there"
+    assert load_config(Path("/nonexistent.yaml"), environ=as_environ(env)).triton.external_host
+
+
 def test_control_plane_settings_are_known_to_config():
     manifests = render("defaults")
     env = env_of(container(find(manifests, "Deployment", named("control-plane"))))
-    rejected = rejected_settings(env)
-    assert rejected == PENDING_SETTINGS, (
-        "settings config.py refuses (add them there), or pending ones it now accepts (drop "
-        f"them from PENDING_SETTINGS): {rejected ^ PENDING_SETTINGS}"
-    )
     assert env["INFERGATE_MLFLOW__TRACKING_URI"] == f"http://{named('mlflow')}:5000"
     assert env["INFERGATE_TRITON__EXTERNAL_HOST"] == named("triton-pods")
     assert env["INFERGATE_ADMIN__TOKEN"]["secretKeyRef"]["key"] == "admin-token"
@@ -514,8 +546,25 @@ def test_every_claim_and_config_map_a_pod_uses_exists(scenario):
                 assert volume["configMap"]["name"] in config_maps
 
 
-def test_control_plane_and_triton_share_the_model_repository():
+def test_by_default_versions_reach_triton_pods_with_their_loads_not_through_storage():
     manifests = render("defaults")
+    control_plane = find(manifests, "Deployment", named("control-plane"))
+    env = env_of(container(control_plane))
+    assert "INFERGATE_TRITON__REPOSITORY_DIR" not in env  # files travel with each load
+    assert env["INFERGATE_TRITON__BACKEND"] == "onnxruntime"
+    assert "models" not in {m["name"] for m in container(control_plane)["volumeMounts"]}
+    triton = find(manifests, "Deployment", named("triton"))
+    volumes = {v["name"]: v for v in triton["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["models"] == {"name": "models", "emptyDir": {}}
+    args = container(triton)["args"]
+    assert {"--model-repository=/models", "--model-control-mode=explicit"} <= set(args)
+    assert "--load-model=*" not in args  # an empty pod: the control plane loads it
+    assert not [m for m in manifests if m["kind"] == "PersistentVolumeClaim" and
+                m["metadata"]["name"] == named("models")]  # fmt: skip
+
+
+def test_a_shared_repository_is_mounted_by_the_control_plane_and_triton():
+    manifests = render("shared-repository")
     mounts = {}
     for component in ("control-plane", "triton"):
         workload = find(manifests, "Deployment", named(component))
@@ -528,6 +577,9 @@ def test_control_plane_and_triton_share_the_model_repository():
     assert mounts["control-plane"] == mounts["triton"] == (named("models"), "/models")
     args = container(find(manifests, "Deployment", named("triton")))["args"]
     assert {"--model-repository=/models", "--model-control-mode=explicit"} <= set(args)
+    assert "--load-model=*" in args  # a pod that starts loads what the folder holds
+    env = env_of(container(find(manifests, "Deployment", named("control-plane"))))
+    assert env["INFERGATE_TRITON__REPOSITORY_DIR"] == "/models"
     claim = find(manifests, "PersistentVolumeClaim", named("models"))
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
 

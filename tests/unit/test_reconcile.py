@@ -10,19 +10,41 @@ from types import SimpleNamespace
 from infergate.config import TritonSettings
 from infergate.control import reconcile
 from infergate.control.reconcile import ControlPlane
+from infergate.triton.fleet import TritonFleet
 from infergate.versions import CANARY, CHAMPION, ServedVersion
 
 
 class FakeTriton:
+    """A Triton's control API: what was loaded and unloaded, and what is ready now."""
+
     def __init__(self) -> None:
         self.loaded: list[str] = []
         self.unloaded: list[str] = []
+        self.ready: set[str] = set()
 
-    def load(self, model: str, timeout_s: float) -> None:
+    def load(self, model: str, timeout_s: float, **request) -> None:
         self.loaded.append(model)
+        self.ready.add(model)
 
-    def unload(self, model: str) -> None:
+    def unload(self, model: str, timeout_s: float = 30.0) -> None:
         self.unloaded.append(model)
+        self.ready.discard(model)
+
+    def is_ready(self, model: str) -> bool:
+        return model in self.ready
+
+    def server_ready(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def fleet_of(triton: FakeTriton, repository) -> TritonFleet:
+    """One Triton at one address, reading ``repository``."""
+    return TritonFleet(
+        TritonSettings(), repository, connect=lambda url: triton, resolve=lambda host: ["10.0.0.1"]
+    )
 
 
 class Plane(ControlPlane):
@@ -33,20 +55,20 @@ class Plane(ControlPlane):
         self.failures: list[tuple[str, str]] = []
         self.broken: set[str] = set()
         self.wanted = desired
+        self.triton = FakeTriton()
         super().__init__(
             registry=None,
-            triton=FakeTriton(),
-            triton_settings=TritonSettings(),
-            repository=tmp_path,
+            fleet=fleet_of(self.triton, tmp_path),
             cache_dir=tmp_path,
             deploy=self.tables.append,
             desired=lambda: self.wanted,
             on_load_failure=lambda v, reason: self.failures.append((v.version, v.role)),
         )
 
-    def _load(self, version: ServedVersion, model: str) -> None:
+    def _load(self, version: ServedVersion, model: str, only: list[str] | None) -> None:
         if model in self.broken:
             raise RuntimeError(f"{model} is corrupt")
+        self.triton.ready.add(model)
 
 
 def version(number: str, role: str = CHAMPION, weight: int = 100, name: str = "m") -> ServedVersion:
@@ -108,7 +130,8 @@ class LoadRecorder(Plane):
         self.tables.append(table)
         self.events.append(("table", [(v.version, v.weight, v.reloading) for v in table]))
 
-    def _load(self, version: ServedVersion, model: str) -> None:
+    def _load(self, version: ServedVersion, model: str, only: list[str] | None) -> None:
+        self.triton.ready.add(model)
         self.loads.append((model, version.source))
         self.events.append(("load", model, version.source))
 
@@ -177,9 +200,7 @@ def test_a_version_whose_tokenizer_cannot_be_read_never_reaches_triton(tmp_path)
     failures: list[str] = []
     plane = ControlPlane(
         registry=FilesRegistry(files),
-        triton=triton,
-        triton_settings=TritonSettings(),
-        repository=tmp_path / "repository",
+        fleet=fleet_of(triton, tmp_path / "repository"),
         cache_dir=tmp_path / "cache",
         deploy=lambda table: None,
         desired=lambda: [version("1", CANARY, 10)],
@@ -200,9 +221,7 @@ def test_a_version_of_another_task_than_its_model_never_reaches_triton(tmp_path,
     triton, failures = FakeTriton(), []
     plane = ControlPlane(
         registry=None,
-        triton=triton,
-        triton_settings=TritonSettings(),
-        repository=tmp_path / "repository",
+        fleet=fleet_of(triton, tmp_path / "repository"),
         cache_dir=tmp_path / "cache",
         deploy=lambda table: None,
         desired=lambda: [version("5", CANARY, 10)],  # of a text-classification model
@@ -216,9 +235,9 @@ def test_a_version_of_another_task_than_its_model_never_reaches_triton(tmp_path,
 def test_after_triton_restarted_every_served_version_is_loaded_again(tmp_path):
     plane = Plane(tmp_path, [version("1", weight=90), version("2", CANARY, 10)])
     plane.reconcile()
-    assert plane.reconcile().loaded == []  # nothing new
-    restarted = FakeTriton()
-    plane.triton_restarted(restarted)  # type: ignore[arg-type]
-    assert plane.triton is restarted and plane.reconcile().loaded == ["m__v1", "m__v2"]
+    assert plane.reconcile().loaded == [] and plane.lacking() == {}  # nothing new
+    plane.triton.ready.clear()  # it restarted, empty
+    assert plane.lacking() == {"m__v1": ["10.0.0.1:8101"], "m__v2": ["10.0.0.1:8101"]}
+    assert plane.reconcile().loaded == ["m__v1", "m__v2"]
     assert len(plane.tables) == 1  # the replicas' table did not change
     assert plane.reconcile().loaded == []

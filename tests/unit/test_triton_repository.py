@@ -8,11 +8,17 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from infergate.config import TritonSettings
-from infergate.triton.repository import build_config, remove_model, render_config, write_model
+from infergate.triton.repository import (
+    build_config,
+    model_files,
+    remove_model,
+    render_config,
+    write_model,
+)
 from infergate.triton.server import (
     find_tritonserver,
     prepare_backends,
@@ -52,6 +58,85 @@ def test_config_matches_the_contract() -> None:
         (2, mc.ModelInstanceGroup.KIND_CPU)
     ]
     assert config.parameters["ort_intra_op_threads"].string_value == "1"
+
+
+def test_native_onnxruntime_config_follows_the_backends_documented_parameters() -> None:
+    """Triton's ONNX Runtime backend (onnxruntime_backend README): platform
+    onnxruntime_onnx, its thread parameter, and no ragged inputs (it takes one tensor)."""
+    settings = SETTINGS.model_copy(update={"backend": "onnxruntime"})
+    config = parse(
+        render_config(build_config("m__v1", output_name="logits", output_dim=2, settings=settings))
+    )
+    assert (config.platform, config.backend) == ("onnxruntime_onnx", "")
+    assert config.default_model_filename == "model.onnx"
+    assert [(i.name, i.allow_ragged_batch) for i in config.input] == [
+        ("input_ids", False),
+        ("attention_mask", False),
+    ]
+    assert config.parameters["intra_op_thread_count"].string_value == "1"
+    assert "ort_intra_op_threads" not in config.parameters
+    assert config.dynamic_batching.max_queue_delay_microseconds == 750
+    assert not config.optimization.execution_accelerators.gpu_execution_accelerator
+    assert [w.name for w in config.model_warmup] == ["warmup"]
+
+
+def test_tensorrt_accelerates_native_gpu_instances_in_fp16() -> None:
+    settings = SETTINGS.model_copy(update={"backend": "onnxruntime", "gpu": True, "tensorrt": True})
+    config = build_config("m__v1", output_name="embeddings", output_dim=384, settings=settings)
+    (accelerator,) = config.optimization.execution_accelerators.gpu_execution_accelerator
+    assert accelerator.name == "tensorrt"
+    assert dict(accelerator.parameters) == {
+        "precision_mode": "FP16",
+        "max_workspace_size_bytes": str(1 << 30),
+    }
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
+    # TensorRT needs a GPU: on CPU instances the setting is not applied.
+    on_cpu = build_config(
+        "m__v1",
+        output_name="embeddings",
+        output_dim=384,
+        settings=settings.model_copy(update={"gpu": False}),
+    )
+    assert not on_cpu.optimization.execution_accelerators.gpu_execution_accelerator
+
+
+def test_an_unresolved_backend_builds_no_config() -> None:
+    with pytest.raises(ValueError, match="resolved"):
+        build_config(
+            "m__v1",
+            output_name="logits",
+            output_dim=2,
+            settings=SETTINGS.model_copy(update={"backend": "auto"}),
+        )
+
+
+def test_the_files_sent_with_a_load_are_the_folder_written_to_disk(tmp_path: Path) -> None:
+    """A Triton that cannot read our disk gets the same folder through its repository API:
+    the config as JSON and every file as a ``file:<path>`` override."""
+    onnx_path = tmp_path / "model.onnx"
+    onnx_path.write_bytes(b"onnx bytes")
+    files = model_files("m__v1", onnx_path, output_name="logits", output_dim=2, settings=SETTINGS)
+    config, overrides = files.load_request()
+    assert json_format.Parse(config, mc.ModelConfig()) == files.config
+    model_dir = write_model(
+        tmp_path / "repository", "m__v1", onnx_path, output_name="logits", output_dim=2,
+        settings=SETTINGS,
+    )  # fmt: skip
+    on_disk = {
+        f"file:{path.relative_to(model_dir)}": path.read_bytes()
+        for path in model_dir.rglob("*")
+        if path.is_file() and path.name != "config.pbtxt"
+    }
+    assert overrides == on_disk
+    assert set(overrides) == {
+        "file:1/model.onnx", "file:1/model.py", "file:warmup/input_ids",
+        "file:warmup/attention_mask",
+    }  # fmt: skip
+    native = model_files(
+        "m__v1", onnx_path, output_name="logits", output_dim=2,
+        settings=SETTINGS.model_copy(update={"backend": "onnxruntime"}),
+    )  # fmt: skip
+    assert "file:1/model.py" not in native.load_request()[1]
 
 
 def test_gpu_setting_places_instances_on_gpus() -> None:

@@ -1,8 +1,9 @@
 """Converges what runs on what the registry says.
 
-Reads the versions to serve from MLflow, makes sure each is in the Triton model
-repository and loaded (explicit model control: no restarts), hands the front-end its
-new traffic table, then unloads versions nothing references any more. A version that
+Reads the versions to serve from MLflow, makes sure every Triton has each loaded
+(explicit model control: no restarts; ``infergate.triton.fleet``), hands the front-end
+its new traffic table, then unloads versions nothing references any more. A Triton that
+lost a version it served (it restarted empty, or is a new pod) gets it again. A version that
 Triton cannot load, or whose files the front-end replicas could not read, never receives
 traffic; a new champion that fails leaves its model on the champion it had.
 """
@@ -14,12 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from infergate.config import TritonSettings
 from infergate.errors import InfergateError, RegistrationError
 from infergate.registry import Registry
 from infergate.replica import load_version
-from infergate.triton.client import TritonControl
-from infergate.triton.repository import remove_model, write_model
+from infergate.triton.fleet import TritonFleet
+from infergate.triton.repository import model_files
 from infergate.versions import (
     CHAMPION,
     ONNX_FILE,
@@ -43,9 +43,7 @@ class ControlPlane:
     def __init__(
         self,
         registry: Registry,
-        triton: TritonControl,
-        triton_settings: TritonSettings,
-        repository: Path,
+        fleet: TritonFleet,
         cache_dir: Path,
         deploy: Callable[[list[ServedVersion]], None],
         desired: Callable[[], list[ServedVersion]],
@@ -54,19 +52,15 @@ class ControlPlane:
         self.registry = registry
         self.desired = desired
         self.on_load_failure = on_load_failure
-        self.triton = triton
-        self.triton_settings = triton_settings
-        self.repository = repository
+        self.fleet = fleet
         self.cache_dir = cache_dir
         self.deploy = deploy
         self.serving: dict[str, ServedVersion] = {}
         self._deployed = False
-        self._reload_all = False
 
-    def triton_restarted(self, triton: TritonControl) -> None:
-        """Triton came back empty: the next reconcile loads every version again."""
-        self.triton = triton
-        self._reload_all = True
+    def lacking(self) -> dict[str, list[str]]:
+        """Served versions some Triton has not ready, with those Tritons (by address)."""
+        return self.fleet.missing(self.serving)
 
     def reconcile(self) -> ReconcileResult:
         result = ReconcileResult()
@@ -75,11 +69,13 @@ class ControlPlane:
         replaced = self._replaced(desired)
         if replaced:
             self._withdraw(replaced)
+        lacking = self.lacking()
         for version in desired:
             model = triton_model_name(version.name, version.version)
-            if self._reload_all or model not in self.serving or model in replaced:
+            new = model not in self.serving or model in replaced
+            if new or model in lacking:
                 try:
-                    self._load(version, model)
+                    self._load(version, model, only=None if new else lacking[model])
                 except Exception as exc:  # any failure keeps the version away from traffic
                     self._failed(version, _reason(exc), wanted, result)
                     continue
@@ -91,11 +87,9 @@ class ControlPlane:
             self.deploy(result.served)
             self._deployed = True
         for model in sorted(set(self.serving) - set(new_serving)):
-            self.triton.unload(model)
-            remove_model(self.repository, model)
+            self.fleet.unload(model)
             result.unloaded.append(model)
         self.serving = new_serving
-        self._reload_all = False
         return result
 
     def _replaced(self, desired: list[ServedVersion]) -> set[str]:
@@ -144,7 +138,8 @@ class ControlPlane:
                 return replace(version, weight=failed.weight)
         return None
 
-    def _load(self, version: ServedVersion, model: str) -> None:
+    def _load(self, version: ServedVersion, model: str, only: list[str] | None) -> None:
+        """Load ``version`` into every Triton, or the ``only`` ones that lost it."""
         try:
             # What every front-end replica loads, read here first: a version they could not
             # load must not reach their table (its model would answer 503 until it left).
@@ -160,16 +155,14 @@ class ControlPlane:
             )
         cache = version_cache(self.cache_dir, version)
         onnx_path = self.registry.download(version.source, ONNX_FILE, cache)
-        write_model(
-            self.repository,
+        files = model_files(
             model,
             onnx_path,
             output_name=spec.output_name,
             output_dim=spec.output_dim,
-            settings=self.triton_settings,
+            settings=self.fleet.model_settings(),
         )
-        self.triton.load(model, timeout_s=self.triton_settings.load_timeout_s)
-        log.info("loaded %s into Triton", model)
+        self.fleet.load(files, only=only)
 
 
 def _rebalance(served: list[ServedVersion]) -> list[ServedVersion]:

@@ -14,6 +14,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from infergate.config import StackConfig
@@ -26,11 +27,19 @@ from infergate.counters import VersionCounters, merge_reports
 from infergate.metrics import ROLLOUT_DECISIONS
 from infergate.processes import wait_until
 from infergate.registry import Registry
-from infergate.triton.client import TritonControl
+from infergate.triton.fleet import TritonFleet
 from infergate.versions import CANARY, ServedVersion
 
 log = logging.getLogger(__name__)
 ADOPTION_TIMEOUT_S = 30.0  # for every front-end replica to run a new traffic table
+
+
+def triton_repository(config: StackConfig) -> Path | None:
+    """The model repository folder the control plane writes versions to: the stack's own
+    Triton's, a folder an external Triton shares, or none (files travel with each load)."""
+    if config.triton.external_host is None:
+        return config.state_dir / "triton-repository"
+    return config.triton.repository_dir
 
 
 class ControlService:
@@ -40,7 +49,6 @@ class ControlService:
         self,
         config: StackConfig,
         registry: Registry,
-        triton: TritonControl,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -55,11 +63,10 @@ class ControlService:
         self._app_deployed = config.serve.external  # KubeRay deploys it there
         self._decisions: Any = None
         self.rollouts = Rollouts(registry, self._stats, on_decision=self._count_decision)
+        self.fleet = TritonFleet(config.triton, triton_repository(config))
         self.plane = ControlPlane(
             registry,
-            triton,
-            config.triton,
-            config.state_dir / "triton-repository",
+            self.fleet,
             config.state_dir / "artifacts",
             deploy=self._deploy,
             desired=self.rollouts.desired,
@@ -69,6 +76,7 @@ class ControlService:
         now = clock()
         self._next_reconcile = now + config.reconcile_interval_s
         self._next_analysis = now + config.admin.analysis_interval_s
+        self._next_check = now + config.triton.check_interval_s
 
     def start(self) -> None:
         """Serve the admin API; point the registry's webhook at it."""
@@ -91,6 +99,7 @@ class ControlService:
         if self.admin is not None:
             self.admin.stop()
             self.admin = None
+        self.fleet.close()
 
     @property
     def serving(self) -> dict[str, ServedVersion]:
@@ -118,6 +127,10 @@ class ControlService:
                     decisions = self.rollouts.tick()
                 if decisions:
                     self.reconcile()
+            if now >= self._next_check:
+                self._next_check = now + self.config.triton.check_interval_s
+                if self.plane.lacking():  # a Triton restarted empty, or a new one came
+                    self._wake.set()
             if now >= self._next_reconcile or self._wake.is_set():
                 self._wake.clear()
                 self._next_reconcile = now + self.config.reconcile_interval_s
@@ -129,11 +142,10 @@ class ControlService:
         """Until ``timeout_s`` passed or a webhook asked for a reconcile."""
         self._wake.wait(timeout_s)
 
-    def triton_restarted(self, triton: TritonControl) -> None:
-        """Triton came back empty: load every served version into it again."""
-        with self.lock:
-            self.plane.triton_restarted(triton)
-            self.reconcile()
+    def triton_restarted(self) -> None:
+        """The stack's own Triton came back empty: load every served version again now,
+        rather than at the next check."""
+        self.reconcile()
 
     # -- what the parts ask of each other ---------------------------------------------------
 

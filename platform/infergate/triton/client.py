@@ -154,8 +154,17 @@ class TritonControl:
         self.url = url
         self._client = grpcclient.InferenceServerClient(url)
 
-    def load(self, model: str, timeout_s: float) -> None:
-        """Load (or reload) ``model`` from the repository and wait until it is ready.
+    def load(
+        self,
+        model: str,
+        timeout_s: float,
+        *,
+        config: str | None = None,
+        files: dict[str, bytes] | None = None,
+    ) -> None:
+        """Load (or reload) ``model`` and wait until it is ready: from the server's own
+        repository, or from ``config`` (JSON) and ``files`` (``file:<path>`` overrides)
+        sent with the request.
 
         Raises:
             RegistrationError: Triton could not load it; the message is Triton's (a corrupt
@@ -163,7 +172,7 @@ class TritonControl:
             BackendUnavailable: Triton is not reachable.
         """
         try:
-            self._client.load_model(model, client_timeout=timeout_s)
+            self._client.load_model(model, config=config, files=files, client_timeout=timeout_s)
         except InferenceServerException as exc:
             status = _status(exc)
             if status == "StatusCode.UNAVAILABLE":

@@ -1,14 +1,24 @@
-"""Triton's model repository on disk: one folder per served model version.
+"""One served version as Triton reads it: a model folder, on disk or sent with its load.
 
-Layout written here (Triton's model-repository documentation,
+Layout (Triton's model-repository documentation,
 https://github.com/triton-inference-server/server/blob/main/docs/user_guide/model_repository.md)::
 
-    <repository>/<triton_name>/config.pbtxt
-    <repository>/<triton_name>/1/model.py      # backend_model.py, copied
-    <repository>/<triton_name>/1/model.onnx
+    <triton_name>/config.pbtxt
+    <triton_name>/1/model.onnx
+    <triton_name>/1/model.py          # backend_model.py: the Python backend only
+    <triton_name>/warmup/<input>      # the warm-up request's tensors
 
-The config is built as Triton's own ``ModelConfig`` protobuf (shipped in tritonclient) and
-printed in text format, so a misspelt field fails here rather than at load time.
+Two backends run the ONNX file: Triton's native ONNX Runtime backend (``onnxruntime``,
+in NVIDIA's images; CUDA and optionally TensorRT on GPU instances), or a Python-backend
+model that runs ONNX Runtime itself (``python``, the only backend of the nvidia-pytriton
+wheel). ``model_files`` lists the folder's files; ``write_model`` puts them in a
+repository folder, and ``ModelFiles.load_request`` turns them into the config and
+``file:`` overrides of a load through Triton's repository API, for a Triton whose
+repository the platform cannot write (https://github.com/triton-inference-server/server/
+blob/main/docs/protocol/extension_model_repository.md).
+
+The config is built as Triton's own ``ModelConfig`` protobuf (shipped in tritonclient), so
+a misspelt field fails here rather than at load time.
 """
 
 from __future__ import annotations
@@ -16,19 +26,24 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from infergate.config import TritonSettings
+from infergate.versions import ONNX_FILE
 
 INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAMES = ("embeddings", "logits")
 MODEL_VERSION_DIR = "1"
-ORT_THREADS_PARAMETER = "ort_intra_op_threads"
+ORT_THREADS_PARAMETER = "ort_intra_op_threads"  # read by backend_model.py
+# Parameters of Triton's ONNX Runtime backend (onnxruntime_backend's README).
+NATIVE_ORT_THREADS_PARAMETER = "intra_op_thread_count"
+TENSORRT_WORKSPACE_BYTES = 1 << 30
 WARMUP_COUNT = 3
 WARMUP_TOKENS = 16
 # Token id 1 exists in every vocabulary; with a full mask it is an ordinary sentence.
@@ -53,23 +68,29 @@ def _check_name(triton_name: str) -> None:
 def build_config(
     triton_name: str, *, output_name: str, output_dim: int, settings: TritonSettings
 ) -> mc.ModelConfig:
-    """The ``ModelConfig`` of one served version (see the module docstring)."""
+    """The ``ModelConfig`` of one served version, for ``settings.backend`` (``python`` or
+    ``onnxruntime``; ``auto`` is resolved against the server before this)."""
     _check_name(triton_name)
     if output_name not in OUTPUT_NAMES:
         raise ValueError(f"output_name is {output_name!r}; expected one of {OUTPUT_NAMES}.")
     if output_dim < 1:
         raise ValueError(f"output_dim is {output_dim}; expected a positive size.")
+    if settings.backend not in ("python", "onnxruntime"):
+        raise ValueError(f"backend {settings.backend!r} must be resolved to python or onnxruntime")
+    native = settings.backend == "onnxruntime"
     kind = mc.ModelInstanceGroup.KIND_GPU if settings.gpu else mc.ModelInstanceGroup.KIND_CPU
     config = mc.ModelConfig(
         name=triton_name,
-        backend="python",
         max_batch_size=settings.max_batch_size,
         input=[
-            # dims exclude the batch dimension. allow_ragged_batch lets the dynamic batcher
-            # put requests of different sequence lengths in one batch; the Python backend
-            # hands them over one by one and model.py pads them. https://docs.nvidia.com/
+            # dims exclude the batch dimension. In the Python backend, allow_ragged_batch
+            # lets the dynamic batcher put requests of different sequence lengths in one
+            # batch, handed over one by one for model.py to pad. https://docs.nvidia.com/
             # deeplearning/triton-inference-server/user-guide/docs/ragged_batching.html
-            mc.ModelInput(name=name, data_type=mc.TYPE_INT64, dims=[-1], allow_ragged_batch=True)
+            # The native backend takes one tensor per input: it batches equal lengths.
+            mc.ModelInput(
+                name=name, data_type=mc.TYPE_INT64, dims=[-1], allow_ragged_batch=not native
+            )
             for name in INPUT_NAMES
         ],
         output=[mc.ModelOutput(name=output_name, data_type=mc.TYPE_FP32, dims=[output_dim])],
@@ -78,7 +99,19 @@ def build_config(
         ),
         instance_group=[mc.ModelInstanceGroup(count=settings.instance_count, kind=kind)],
     )
-    config.parameters[ORT_THREADS_PARAMETER].string_value = str(settings.ort_intra_op_threads)
+    threads = str(settings.ort_intra_op_threads)
+    if native:
+        config.platform = "onnxruntime_onnx"
+        config.default_model_filename = ONNX_FILE
+        config.parameters[NATIVE_ORT_THREADS_PARAMETER].string_value = threads
+        if settings.gpu and settings.tensorrt:
+            tensorrt = config.optimization.execution_accelerators.gpu_execution_accelerator.add()
+            tensorrt.name = "tensorrt"
+            tensorrt.parameters["precision_mode"] = "FP16"
+            tensorrt.parameters["max_workspace_size_bytes"] = str(TENSORRT_WORKSPACE_BYTES)
+    else:
+        config.backend = "python"
+        config.parameters[ORT_THREADS_PARAMETER].string_value = threads
     # Triton runs these requests before it reports the model ready, so the first real
     # requests (and a canary's first latency figures) do not pay ONNX Runtime's cold start.
     config.model_warmup.append(
@@ -102,6 +135,49 @@ def render_config(config: mc.ModelConfig) -> str:
     return text_format.MessageToString(config)
 
 
+@dataclass(frozen=True)
+class ModelFiles:
+    """One version's model folder: its config, and every other file by its path in the
+    folder (contents, or a file on disk to link or copy)."""
+
+    name: str
+    config: mc.ModelConfig
+    files: dict[str, bytes | Path]
+
+    def load_request(self) -> tuple[str, dict[str, bytes]]:
+        """The config as JSON and the files as ``file:<path>`` overrides: what a load
+        through Triton's repository API carries when Triton cannot read our disk."""
+        config = json_format.MessageToJson(self.config, preserving_proto_field_name=True)
+        files = {
+            f"file:{path}": data if isinstance(data, bytes) else data.read_bytes()
+            for path, data in self.files.items()
+        }
+        return config, files
+
+
+def model_files(
+    triton_name: str,
+    onnx_path: Path,
+    *,
+    output_name: str,
+    output_dim: int,
+    settings: TritonSettings,
+) -> ModelFiles:
+    """The model folder of one served version (see the module docstring)."""
+    config = build_config(
+        triton_name, output_name=output_name, output_dim=output_dim, settings=settings
+    )
+    if not onnx_path.is_file():
+        raise FileNotFoundError(f"No ONNX file at {onnx_path}.")
+    files: dict[str, bytes | Path] = {f"{MODEL_VERSION_DIR}/{ONNX_FILE}": onnx_path}
+    if config.backend == "python":
+        backend_source = resources.files("infergate.triton").joinpath("backend_model.py")
+        files[f"{MODEL_VERSION_DIR}/model.py"] = backend_source.read_bytes()
+    for name, data in WARMUP_DATA.items():
+        files[f"warmup/{name}"] = data.tobytes()
+    return ModelFiles(triton_name, config, files)
+
+
 def write_model(
     repository: Path,
     triton_name: str,
@@ -111,29 +187,30 @@ def write_model(
     output_dim: int,
     settings: TritonSettings,
 ) -> Path:
-    """Write one served version into the repository; returns its model folder.
+    """Write one served version into the repository; returns its model folder."""
+    files = model_files(
+        triton_name, onnx_path, output_name=output_name, output_dim=output_dim, settings=settings
+    )
+    return write_files(repository, files)
 
-    The ONNX file is hard-linked when it lives on the same filesystem, copied otherwise.
+
+def write_files(repository: Path, model: ModelFiles) -> Path:
+    """Put ``model``'s folder into ``repository``; returns the folder.
+
+    An ONNX file is hard-linked when it lives on the same filesystem, copied otherwise.
     Every file is written under a temporary name and renamed into place, so a concurrent
     Triton load never reads a half-written file. Overwrites an existing folder of that name.
     """
-    config = build_config(
-        triton_name, output_name=output_name, output_dim=output_dim, settings=settings
-    )
-    if not onnx_path.is_file():
-        raise FileNotFoundError(f"No ONNX file at {onnx_path}.")
-    model_dir = repository / triton_name
-    version_dir = model_dir / MODEL_VERSION_DIR
-    version_dir.mkdir(parents=True, exist_ok=True)
-
-    backend_source = resources.files("infergate.triton").joinpath("backend_model.py")
-    _write_atomically(version_dir / "model.py", backend_source.read_bytes())
-    _place_file(onnx_path, version_dir / "model.onnx")
-    (model_dir / "warmup").mkdir(exist_ok=True)
-    for name, data in WARMUP_DATA.items():
-        _write_atomically(model_dir / "warmup" / name, data.tobytes())
+    model_dir = repository / model.name
+    for relative, data in model.files.items():
+        target = model_dir / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, bytes):
+            _write_atomically(target, data)
+        else:
+            _place_file(data, target)
     # The config goes last: its presence is what makes the folder a loadable model.
-    _write_atomically(model_dir / "config.pbtxt", render_config(config).encode())
+    _write_atomically(model_dir / "config.pbtxt", render_config(model.config).encode())
     return model_dir
 
 

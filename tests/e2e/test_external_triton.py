@@ -1,0 +1,249 @@
+"""A Triton the platform did not start, on another "host": a network namespace with its
+own address, running `infergate triton` with an empty repository of its own, as an
+operator would start it there. The control plane (`infergate up` with
+triton.external_host) never writes to that host's disk: every version travels with its
+load request. Checked with the user's own clients (tritonclient, httpx, MLflow's)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import mlflow
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as triton_http
+from conftest import Stack, clone_version, stack_env, stop_process, wait_for
+
+from infergate.postprocess import softmax
+from infergate.registry import Registry
+from infergate.tokenization import TextTokenizer
+from network_hosts import Host, network_host, unavailable
+from tiny_models import tiny_bert
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
+]
+MODEL = "remote"
+INFERGATE = str(Path(sys.executable).with_name("infergate"))
+TEXTS = ["i love this film", "the service was slow and the food bad", "quiet"]
+
+
+@dataclass
+class TritonHost:
+    """`infergate triton` inside a network host; ``start`` again after a kill."""
+
+    host: Host
+    env: dict[str, str]
+    state_dir: Path
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host.address}:{self.env['INFERGATE_TRITON__HTTP_PORT']}"
+
+    @property
+    def repository(self) -> Path:
+        return self.state_dir / "triton-repository"
+
+    def start(self) -> None:
+        self.starts += 1
+        command = self.host.command(
+            INFERGATE, "triton", "--address", "0.0.0.0", "--state-dir", str(self.state_dir)
+        )
+        with (self.state_dir / f"triton-{self.starts}.log").open("wb") as log:
+            self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=log)
+        client = triton_http.InferenceServerClient(self.http_url)
+        wait_for(lambda: _answers(client), 60, "Triton in the network host answering")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)  # ip netns exec execs: this is tritonserver
+        self.process.wait(timeout=30)
+
+
+def _answers(client: triton_http.InferenceServerClient) -> bool:
+    try:
+        return client.is_server_ready()
+    except Exception:  # not listening yet
+        return False
+
+
+@pytest.fixture(scope="module")
+def triton_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonHost]:
+    state_dir = tmp_path_factory.mktemp("triton-host")
+    env = stack_env(state_dir)  # free ports; Triton's are used on the host's own address
+    with network_host(f"igt{os.getpid() % 10000}", subnet=os.getpid() % 250) as host:
+        triton = TritonHost(host, env, state_dir)
+        triton.start()
+        try:
+            yield triton
+        finally:
+            if triton.process is not None:
+                stop_process(triton.process)
+
+
+@pytest.fixture(scope="module")
+def stack(triton_host: TritonHost, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The platform on this machine, driving the Triton of the network host."""
+    state_dir = tmp_path_factory.mktemp("external-stack")
+    env = stack_env(state_dir)
+    for port in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT"):
+        env[f"INFERGATE_TRITON__{port}"] = triton_host.env[f"INFERGATE_TRITON__{port}"]
+    env["INFERGATE_TRITON__EXTERNAL_HOST"] = triton_host.host.address
+    env["INFERGATE_TRITON__BACKEND"] = "auto"  # the wheel's Triton: the Python backend
+    env["INFERGATE_PROMETHEUS__ENABLED"] = "false"
+    running = Stack(
+        url=f"http://127.0.0.1:{env['INFERGATE_SERVE__PORT']}",
+        mlflow=f"http://127.0.0.1:{env['INFERGATE_MLFLOW__PORT']}",
+        admin=f"http://127.0.0.1:{env['INFERGATE_ADMIN__PORT']}",
+        env=env,
+        state_dir=state_dir,
+    )
+    up = running.cli("up", "--detach", timeout=600)
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        folder = tiny_bert(state_dir / "source", "text-classification")
+        registered = running.cli(
+            "register", str(folder), "--name", MODEL, "--task", "text-classification",
+            "--alias", "champion", "--quiet", "--tracking-uri", running.mlflow,
+        )  # fmt: skip
+        assert registered.returncode == 0, registered.stderr[-2000:]
+        yield running
+    finally:
+        down = running.cli("down", timeout=120)
+        assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture(scope="module")
+def http(stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack.url, timeout=30) as client:
+        wait_for(lambda: _predict(client).status_code == 200, 90, f"{MODEL} served")
+        yield client
+
+
+def _predict(http: httpx.Client, **headers: str) -> httpx.Response:
+    return http.post(f"/v1/models/{MODEL}/predict", json={"inputs": TEXTS}, headers=headers)
+
+
+def in_process_scores(stack: Stack, version: str) -> np.ndarray:
+    """The registered files of ``version``, run here with ONNX Runtime."""
+    source = Registry(stack.mlflow).version_source(MODEL, version)
+    files = Path(
+        mlflow.artifacts.download_artifacts(
+            source, dst_path=str(stack.state_dir / f"v{version}"), tracking_uri=stack.mlflow
+        )
+    )
+    batch = TextTokenizer.from_dir(files / "tokenizer", 128)(TEXTS)
+    session = ort.InferenceSession(str(files / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    return softmax(session.run(["logits"], feeds)[0])
+
+
+def test_a_triton_that_never_saw_our_disk_serves_the_registered_model(triton_host, stack, http):
+    response = _predict(http)
+    assert response.status_code == 200 and response.headers["x-model-version"] == "1"
+    served = np.array(
+        [[o["scores"][c] for c in ("sad", "happy")] for o in response.json()["outputs"]]
+    )
+    np.testing.assert_allclose(served, in_process_scores(stack, "1"), atol=1e-5)
+    # The operator's view of that Triton: the version is loaded, on the Python backend
+    # ("auto" asked the server), and its own repository is still empty.
+    client = triton_http.InferenceServerClient(triton_host.http_url)
+    assert client.is_model_ready(f"{MODEL}__v1")
+    assert client.get_model_config(f"{MODEL}__v1")["backend"] == "python"
+    assert list(triton_host.repository.iterdir()) == []
+    assert not (stack.state_dir / "triton-repository").exists()
+
+
+@dataclass
+class Load:
+    """A steady client: one request every ``interval_s``, each answer recorded."""
+
+    http: httpx.Client
+    interval_s: float = 0.02
+    answers: list[tuple[float, float, int, bool]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            sent = time.monotonic()
+            try:
+                response = _predict(self.http)
+                status = response.status_code
+                is_json = response.headers.get("content-type") == "application/json"
+            except httpx.HTTPError:
+                status, is_json = 0, False  # refused, reset or timed out
+            self.answers.append((sent, time.monotonic() - sent, status, is_json))
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> Load:
+        self._thread = threading.Thread(target=self.run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
+def test_a_triton_that_restarted_empty_gets_its_versions_again_under_load(triton_host, stack, http):
+    with Load(http) as load:
+        time.sleep(1.0)
+        killed = time.monotonic()
+        triton_host.kill()
+        time.sleep(2.0)  # down for a while: requests meanwhile must fail cleanly
+        triton_host.start()
+        restarted = time.monotonic()
+        wait_for(
+            lambda: any(s == 200 and t > restarted for t, _, s, _ in load.answers),
+            30, "answers again after the Triton host restarted",
+        )  # fmt: skip
+        time.sleep(1.0)
+    after_kill = [a for a in load.answers if a[0] >= killed]
+    statuses = {s for _, _, s, _ in after_kill}
+    assert statuses <= {200, 503} and 503 in statuses, statuses  # no 500, no dropped request
+    assert all(is_json for *_, is_json in after_kill)
+    slowest = max(duration for _, duration, _, _ in after_kill)
+    first_error = min(t for t, _, s, _ in after_kill if s != 200) - killed
+    recovered = min(t for t, _, s, _ in after_kill if s == 200 and t > restarted) - restarted
+    print(
+        f"\nTriton host killed under load: {len(after_kill)} requests, statuses "
+        f"{sorted(statuses)}, first error {first_error:.2f} s after the kill, answers again "
+        f"{recovered:.2f} s after Triton was back, slowest request {slowest:.2f} s"
+    )
+    assert slowest < 10.0 and recovered < 10.0
+    assert triton_host.repository.exists() and list(triton_host.repository.iterdir()) == []
+
+
+def test_a_canary_rolls_out_and_is_promoted_on_the_external_triton(
+    triton_host, stack, http, tmp_path
+):
+    version = clone_version(Registry(stack.mlflow), MODEL, "1", tmp_path)
+    started = stack.cli(
+        "canary", "start", MODEL, "--version", version, "--weight", "50", "--manual",
+        "--admin-url", stack.admin,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    client = triton_http.InferenceServerClient(triton_host.http_url)
+    assert client.is_model_ready(f"{MODEL}__v{version}")
+    pinned = wait_for(
+        lambda: (r := _predict(http, **{"x-model-version": version})).status_code == 200 and r,
+        30, "the canary answering pinned requests",
+    )  # fmt: skip
+    assert pinned.headers["x-model-version"] == version
+    promoted = stack.cli("canary", "promote", MODEL, "--admin-url", stack.admin)
+    assert promoted.returncode == 0, promoted.stderr
+    wait_for(lambda: not client.is_model_ready(f"{MODEL}__v1"), 30, "version 1 unloaded")
+    assert _predict(http).headers["x-model-version"] == version

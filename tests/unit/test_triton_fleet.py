@@ -1,0 +1,144 @@
+"""The Tritons the control plane keeps loaded, with their control API replaced by fakes:
+every address a host resolves to gets every version, through a shared folder or with the
+load request, and one that lost its versions (restarted empty, or new) is found.
+
+A real Triton in another network namespace, empty, loaded over its API: tests/e2e/
+test_external_triton.py."""
+
+import json
+
+import pytest
+
+from infergate.config import TritonSettings
+from infergate.errors import BackendUnavailable, RegistrationError
+from infergate.triton.fleet import PROBE_MODEL, TritonFleet, resolve
+from infergate.triton.repository import model_files
+
+
+class Triton:
+    """One Triton's control API as the fleet uses it."""
+
+    def __init__(self, url: str, native: bool = False) -> None:
+        self.url, self.native = url, native
+        self.requests: list[tuple[str, dict]] = []
+        self.unloaded: list[str] = []
+        self.ready: set[str] = set()
+        self.closed = False
+
+    def load(self, model, timeout_s, *, config=None, files=None) -> None:
+        if config and json.loads(config).get("platform") == "onnxruntime_onnx" and not self.native:
+            raise RegistrationError("unknown platform onnxruntime_onnx")
+        self.requests.append((model, {"config": config, "files": files}))
+        self.ready.add(model)
+
+    def unload(self, model, timeout_s=30.0) -> None:
+        self.unloaded.append(model)
+        self.ready.discard(model)
+
+    def is_ready(self, model: str) -> bool:
+        return model in self.ready
+
+    def server_ready(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Pods:
+    """The Tritons behind a name, as a headless Service resolves it."""
+
+    def __init__(self, *addresses: str, native: bool = False) -> None:
+        self.addresses = list(addresses)
+        self.tritons: dict[str, Triton] = {}
+        self.native = native
+
+    def connect(self, url: str) -> Triton:
+        self.tritons[url] = Triton(url, self.native)
+        return self.tritons[url]
+
+    def fleet(self, repository=None, **settings) -> TritonFleet:
+        settings = TritonSettings(external_host="triton-headless", **settings)
+        return TritonFleet(
+            settings, repository, connect=self.connect, resolve=lambda host: self.addresses
+        )
+
+
+@pytest.fixture
+def version_files(tmp_path):
+    onnx_path = tmp_path / "model.onnx"
+    onnx_path.write_bytes(b"onnx bytes")
+    return model_files(
+        "m__v1", onnx_path, output_name="logits", output_dim=2, settings=TritonSettings()
+    )
+
+
+def test_every_pod_gets_the_files_with_the_load_when_no_folder_is_shared(version_files):
+    pods = Pods("10.1.0.5", "10.1.0.6")
+    fleet = pods.fleet()
+    fleet.load(version_files)
+    assert sorted(pods.tritons) == ["10.1.0.5:8101", "10.1.0.6:8101"]
+    for triton in pods.tritons.values():
+        ((model, request),) = triton.requests
+        assert model == "m__v1" and json.loads(request["config"])["name"] == "m__v1"
+        assert request["files"]["file:1/model.onnx"] == b"onnx bytes"
+
+
+def test_a_shared_folder_is_written_once_and_loaded_by_name(version_files, tmp_path):
+    pods = Pods("10.1.0.5", "10.1.0.6")
+    fleet = pods.fleet(repository=tmp_path / "shared")
+    fleet.load(version_files)
+    assert (tmp_path / "shared" / "m__v1" / "config.pbtxt").is_file()
+    assert [t.requests for t in pods.tritons.values()] == [
+        [("m__v1", {"config": None, "files": None})]
+    ] * 2
+    fleet.unload("m__v1")
+    assert not (tmp_path / "shared" / "m__v1").exists()
+    assert [t.unloaded for t in pods.tritons.values()] == [["m__v1"]] * 2
+
+
+def test_a_pod_that_lost_its_versions_is_found_and_only_it_is_loaded_again(version_files):
+    pods = Pods("10.1.0.5", "10.1.0.6")
+    fleet = pods.fleet()
+    fleet.load(version_files)
+    assert fleet.missing(["m__v1"]) == {}
+    pods.tritons["10.1.0.6:8101"].ready.clear()  # it restarted, empty
+    pods.addresses.append("10.1.0.7")  # and a new pod came up
+    assert fleet.missing(["m__v1"]) == {"m__v1": ["10.1.0.6:8101", "10.1.0.7:8101"]}
+    fleet.load(version_files, only=["10.1.0.6:8101", "10.1.0.7:8101"])
+    assert [len(pods.tritons[u].requests) for u in sorted(pods.tritons)] == [1, 2, 1]
+    assert fleet.missing(["m__v1"]) == {}
+
+
+def test_a_pod_that_went_away_is_let_go(version_files):
+    pods = Pods("10.1.0.5", "10.1.0.6")
+    fleet = pods.fleet()
+    fleet.load(version_files)
+    gone = pods.tritons["10.1.0.6:8101"]
+    pods.addresses.remove("10.1.0.6")
+    assert list(fleet.endpoints()) == ["10.1.0.5:8101"] and gone.closed
+
+
+def test_no_triton_behind_the_name_is_an_unavailable_backend(version_files):
+    fleet = Pods().fleet()
+    with pytest.raises(BackendUnavailable, match="no Triton answers at triton-headless"):
+        fleet.load(version_files)
+    assert not fleet.ready()
+
+
+@pytest.mark.parametrize("native, backend", [(True, "onnxruntime"), (False, "python")])
+def test_auto_asks_the_server_which_backend_it_can_load(native, backend):
+    pods = Pods("10.1.0.5", native=native)
+    fleet = pods.fleet(backend="auto")
+    assert fleet.model_settings().backend == backend
+    triton = pods.tritons["10.1.0.5:8101"]
+    assert triton.ready == set()  # the probe is not left behind
+    assert triton.unloaded == ([PROBE_MODEL] if native else [])
+    fleet.model_settings()  # asked once
+    assert len(triton.requests) == (1 if native else 0)
+
+
+def test_names_and_addresses_resolve():
+    assert resolve("127.0.0.1") == ["127.0.0.1"]
+    assert "127.0.0.1" in resolve("localhost")
+    assert resolve("no-such-host.invalid") == []
