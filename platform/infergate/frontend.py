@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from infergate.batching import Backend
@@ -23,10 +23,9 @@ from infergate.errors import (
     InfergateError,
     MethodNotAllowed,
     ModelNotFound,
-    PayloadTooLarge,
     RouteNotFound,
 )
-from infergate.http import answer, json_response
+from infergate.http import answer, json_response, read_body
 from infergate.metrics import TOTAL
 from infergate.monitor import Monitors
 from infergate.openapi import openapi_document
@@ -139,7 +138,7 @@ class Frontend:
         try:
             model = self._model(name)
             check_content_type(request.headers.get("content-type"))
-            body = await _read_body(request, self.settings.max_body_bytes)
+            body = await read_body(request, self.settings.max_body_bytes)
             parsed = parse_predict(body, self.limits)
             runtime = model.pick(
                 request.headers.get("x-routing-key"), request.headers.get("x-model-version")
@@ -194,23 +193,6 @@ def _allow(method: str, allowed: str) -> None:
     # HEAD is a GET without its body (uvicorn leaves the body out): `curl -I` and probes.
     if method != allowed and not (method == "HEAD" and allowed == "GET"):
         raise MethodNotAllowed(f"method {method} is not allowed here; use {allowed}")
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """Read at most ``limit`` bytes: a huge body is refused before it is all in memory."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-    except ClientDisconnect as exc:
-        raise ClientClosedRequest("the client went away before sending the whole body") from exc
-    return b"".join(chunks)
 
 
 def _timing_headers(prediction: Prediction, total_s: float, runtime: ModelRuntime) -> dict:

@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from infergate.errors import InfergateError
+from infergate.errors import ClientClosedRequest, InfergateError, PayloadTooLarge
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -42,3 +43,20 @@ async def answer(handle: Callable[[], Awaitable[Response]], what: str) -> Respon
     except Exception:
         log.exception("unhandled error on %s", what)
         return error_response(InfergateError("internal error"))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """Read at most ``limit`` bytes: a huge body is refused before it is all in memory."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect as exc:
+        raise ClientClosedRequest("the client went away before sending the whole body") from exc
+    return b"".join(chunks)

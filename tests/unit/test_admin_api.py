@@ -8,8 +8,10 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from infergate.control.admin import AdminApi
+from infergate.config import AdminSettings
+from infergate.control.admin import MAX_BODY_BYTES, AdminApi, check_exposure
 from infergate.control.webhooks import sign
+from infergate.errors import StackError
 
 
 class Recorder:
@@ -125,3 +127,34 @@ def test_unknown_routes_and_methods_answer_in_the_one_error_shape(api):
     assert missing.status_code == 404 and missing.json()["type"] == "not_found"
     wrong = client.get("/admin/webhooks/mlflow")
     assert wrong.status_code == 405 and wrong.json()["type"] == "method_not_allowed"
+
+
+def test_a_huge_webhook_is_refused_before_it_is_read_or_verified(api):
+    client, recorder, reconciles = api
+    body = b"x" * (MAX_BODY_BYTES + 1)
+    headers = {"x-mlflow-delivery-id": "d9", "x-mlflow-timestamp": "1000",
+               "x-mlflow-signature": sign("s", "d9", "1000", body)}  # fmt: skip
+    declared = client.post("/admin/webhooks/mlflow", content=body, headers=headers)
+    assert declared.status_code == 413 and declared.json()["type"] == "payload_too_large"
+
+    def chunks():  # no content-length: the limit holds while streaming
+        yield body[: MAX_BODY_BYTES // 2]
+        yield body[MAX_BODY_BYTES // 2 :]
+
+    streamed = client.post("/admin/webhooks/mlflow", content=chunks(), headers=headers)
+    assert streamed.status_code == 413
+    assert recorder.calls == [] and reconciles == []
+
+
+@pytest.mark.parametrize("host, token, refused", [
+    ("127.0.0.1", None, False), ("localhost", None, False), ("::1", None, False),
+    ("0.0.0.0", None, True), ("10.1.2.3", None, True), ("control-plane", None, True),
+    ("0.0.0.0", "t0k", False),
+])  # fmt: skip
+def test_the_admin_api_needs_a_token_beyond_loopback(host, token, refused):
+    settings = AdminSettings(host=host, token=token)
+    if refused:
+        with pytest.raises(StackError, match="INFERGATE_ADMIN__TOKEN"):
+            check_exposure(settings)
+    else:
+        check_exposure(settings)

@@ -8,6 +8,7 @@ webhooks are authenticated by their HMAC signature instead.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import threading
 import time
@@ -23,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from infergate.config import AdminSettings
 from infergate.control.rollouts import Rollouts
 from infergate.control.webhooks import SeenDeliveries, verify
 from infergate.errors import (
@@ -32,12 +34,37 @@ from infergate.errors import (
     MalformedBody,
     MethodNotAllowed,
     RouteNotFound,
+    StackError,
     Unauthorized,
 )
-from infergate.http import answer, error_response, json_response
+from infergate.http import answer, error_response, json_response, read_body
 
 log = logging.getLogger(__name__)
 ALIAS_EVENTS = {"model_version_alias.created", "model_version_alias.deleted"}
+# MLflow's webhook payloads and the commands' bodies are a few hundred bytes; a larger body
+# is refused before it is read whole, and before its signature is computed over it.
+MAX_BODY_BYTES = 64 * 1024
+
+
+def check_exposure(settings: AdminSettings) -> None:
+    """Refuse to serve the admin API beyond this machine without a token: its commands
+    promote and roll back what every client is served."""
+    if settings.token or _is_loopback(settings.host):
+        return
+    raise StackError(
+        f"the admin API would listen on {settings.host} without a token; set "
+        "INFERGATE_ADMIN__TOKEN (canary commands then need 'Authorization: Bearer TOKEN'), "
+        "or keep INFERGATE_ADMIN__HOST on 127.0.0.1"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
 
 
 def _fields(body: bytes, allowed: dict[str, type | tuple[type, ...]]) -> dict[str, Any]:
@@ -109,7 +136,7 @@ class AdminApi:
             async def respond() -> Response:
                 if auth:
                     self._authorize(request)
-                body = await request.body()
+                body = await read_body(request, MAX_BODY_BYTES)
                 # Registry calls block: run them off the event loop, one command at a time.
                 if locked:
                     result = await run_in_threadpool(self._locked, handler, request, body)

@@ -9,6 +9,7 @@ watch loop, and tells it when Triton came back empty.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import threading
@@ -18,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from infergate.config import StackConfig
-from infergate.control.admin import AdminApi, AdminServer
+from infergate.control.admin import AdminApi, AdminServer, check_exposure
 from infergate.control.reconcile import ControlPlane
 from infergate.control.rollouts import Rollouts
-from infergate.control.state import control_state
 from infergate.control.webhooks import register_webhook
 from infergate.counters import VersionCounters, merge_reports
 from infergate.metrics import ROLLOUT_DECISIONS
@@ -59,7 +59,6 @@ class ControlService:
         # supervisor while it starts a component again.
         self.lock = threading.RLock()
         self._wake = threading.Event()  # set by webhooks: reconcile now
-        self._state = control_state()
         self._app_deployed = config.serve.external  # KubeRay deploys it there
         self._decisions: Any = None
         self.rollouts = Rollouts(registry, self._stats, on_decision=self._count_decision)
@@ -78,9 +77,17 @@ class ControlService:
         self._next_analysis = now + config.admin.analysis_interval_s
         self._next_check = now + config.triton.check_interval_s
 
+    @functools.cached_property
+    def _state(self) -> Any:
+        """The ``ControlState`` actor, once Ray runs (this object is built without it)."""
+        from infergate.control.state import control_state
+
+        return control_state()
+
     def start(self) -> None:
         """Serve the admin API; point the registry's webhook at it."""
         a = self.config.admin
+        check_exposure(a)
         secret = a.webhook_secret or secrets.token_urlsafe(32)
         api = AdminApi(
             self.rollouts,
@@ -144,8 +151,12 @@ class ControlService:
 
     def triton_restarted(self) -> None:
         """The stack's own Triton came back empty: load every served version again now,
-        rather than at the next check."""
-        self.reconcile()
+        rather than at the next check. A reconcile that fails (the registry away) is no
+        reason to stop the stack: the check finds the versions missing and tries again."""
+        try:
+            self.reconcile()
+        except Exception:
+            log.exception("reconciling after Triton started again failed; retrying later")
 
     # -- what the parts ask of each other ---------------------------------------------------
 

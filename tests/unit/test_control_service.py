@@ -1,0 +1,46 @@
+"""The control plane's rounds, built without Ray (the ControlState actor is only reached
+when a table is published)."""
+
+import logging
+
+from infergate.config import StackConfig
+from infergate.control.service import ControlService
+
+
+class Registry:
+    """Nothing the rounds below reach."""
+
+
+def test_a_reconcile_failing_after_triton_restarted_does_not_stop_the_stack(tmp_path, caplog):
+    """Triton came back while MLflow is away: the reconcile fails, and the supervisor that
+    called this must go on (the next check finds the versions missing and tries again)."""
+    service = ControlService(StackConfig(state_dir=tmp_path), Registry())  # type: ignore[arg-type]
+
+    def registry_away() -> None:
+        raise ConnectionError("MLflow does not answer")
+
+    service.plane.reconcile = registry_away  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="infergate.control.service"):
+        service.triton_restarted()
+    assert "reconciling after Triton started again failed" in caplog.text
+    assert "MLflow does not answer" in caplog.text
+
+
+def test_a_failing_round_is_logged_and_tried_again_at_its_next_interval(tmp_path, caplog):
+    now = [100.0]
+    config = StackConfig(state_dir=tmp_path)
+    service = ControlService(config, Registry(), clock=lambda: now[0])  # type: ignore[arg-type]
+    attempts: list[float] = []
+
+    def registry_away() -> None:
+        attempts.append(now[0])
+        raise ConnectionError("MLflow does not answer")
+
+    service.plane.reconcile = registry_away  # type: ignore[method-assign]
+    service.plane.lacking = dict  # type: ignore[method-assign]
+    service.rollouts.tick = list  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="infergate.control.service"):
+        for _ in range(3):
+            now[0] += config.reconcile_interval_s
+            service.run_due()
+    assert len(attempts) == 3 and caplog.text.count("control loop round failed") == 3
