@@ -34,6 +34,20 @@ class MlflowSettings(Frozen):
     tracking_uri: str | None = Field(
         None, description="Use an existing MLflow server instead of starting one."
     )
+    backend_store_uri: str | None = Field(
+        None,
+        description="The backend store of the MLflow server `up` starts: SQLite in store_dir "
+        "when unset; a postgresql://user@host:port/db URI for a production registry (its "
+        "password in PGPASSWORD or ~/.pgpass rather than in the URI).",
+    )
+    auth: bool = Field(
+        False,
+        description="Start MLflow with its basic-auth app: every call needs a user (HTTP "
+        "basic auth), and only users with the permission may move aliases. The first start "
+        "creates the admin user with MLFLOW_AUTH_ADMIN_PASSWORD; the platform's own clients "
+        "sign in as MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (by default that "
+        "admin).",
+    )
     startup_timeout_s: float = Field(90.0, description="How long to wait for the server.")
 
     @property

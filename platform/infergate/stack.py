@@ -14,11 +14,11 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from infergate import mlflow_server
 from infergate.config import PROJECT_ROOT, StackConfig
 from infergate.control.service import ControlService, triton_repository
 from infergate.errors import StackError
@@ -48,44 +48,6 @@ RESTART_LIMIT = 3  # restarts of one component within RESTART_WINDOW_S before gi
 RESTART_WINDOW_S = 600.0
 PROMETHEUS_TEMPLATE = PROJECT_ROOT / "deployments" / "prometheus.yml"
 
-MLFLOW_ENV = {
-    # Webhooks to a platform on localhost need both (MLflow blocks private hosts by default).
-    "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https",
-    "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
-    # The job runner's worker processes are not needed and cost a lot on a small machine.
-    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-}
-
-
-def mlflow_server_command(store_dir: Path, host: str, port: int) -> list[str]:
-    """``mlflow server`` on SQLite and local artifacts in ``store_dir``, one worker."""
-    return [
-        str(Path(sys.executable).with_name("mlflow")),
-        "server",
-        "--backend-store-uri",
-        f"sqlite:///{(store_dir / 'mlflow.db').resolve()}",
-        "--artifacts-destination",
-        str((store_dir / "artifacts").resolve()),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-
-
-def _webhook_encryption_key(store_dir: Path) -> str:
-    """MLflow encrypts webhook secrets with this key. Without one it draws a new key per
-    server process and cannot read the webhooks it stored before a restart (HTTP 500)."""
-    path = store_dir / "webhook-encryption.key"
-    if not path.exists():
-        from cryptography.fernet import Fernet
-
-        path.write_bytes(Fernet.generate_key())
-        path.chmod(0o600)
-    return path.read_text().strip()
-
 
 class Stack:
     def __init__(self, config: StackConfig) -> None:
@@ -93,6 +55,8 @@ class Stack:
         # stack should fail (and say so) in seconds.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+        # Before Ray starts: its workers inherit the credentials.
+        mlflow_server.client_credentials(config.mlflow, os.environ)
         self.config = config
         self.state_dir = config.state_dir
         self.log_dir = config.state_dir / "logs"
@@ -155,11 +119,8 @@ class Stack:
 
     def _start_mlflow(self) -> None:
         m = self.config.mlflow
-        m.store_dir.mkdir(parents=True, exist_ok=True)
-        command = mlflow_server_command(m.store_dir, m.host, m.port)
-        env = {**os.environ, **MLFLOW_ENV}
-        env["MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"] = _webhook_encryption_key(m.store_dir)
-        child = self._spawn("mlflow", command, env)
+        env = mlflow_server.server_environment(m, os.environ)
+        child = self._spawn("mlflow", mlflow_server.server_command(m), env)
         wait_until(child, lambda: http_ok(f"{m.uri}/health"), m.startup_timeout_s, "MLflow")
 
     def _start_triton(self) -> None:

@@ -147,17 +147,18 @@ def _build_hf_folder(out_dir: Path) -> None:
 
 
 def _register_and_download(cache_dir: Path, say: Callable[[str], None]) -> str:
+    from infergate import mlflow_server
+    from infergate.config import MlflowSettings
     from infergate.processes import free_ports, http_ok, spawn, wait_until
     from infergate.registry import Registry
-    from infergate.stack import MLFLOW_ENV, mlflow_server_command
     from infergate.versions import CHAMPION
 
-    store = cache_dir / "store"
-    store.mkdir(parents=True)
     [port] = free_ports(1)
-    uri = f"http://127.0.0.1:{port}"
-    command = mlflow_server_command(store, "127.0.0.1", port)
-    mlflow = spawn("mlflow", command, cache_dir / "logs", {**os.environ, **MLFLOW_ENV})
+    settings = MlflowSettings(store_dir=cache_dir / "store", port=port)
+    uri = settings.uri
+    command = mlflow_server.server_command(settings)
+    env = mlflow_server.server_environment(settings, os.environ)
+    mlflow = spawn("mlflow", command, cache_dir / "logs", env)
     try:
         wait_until(mlflow, lambda: http_ok(f"{uri}/health"), MLFLOW_START_TIMEOUT_S, "MLflow")
         say("registering it with `infergate register` ...")

@@ -1,0 +1,125 @@
+"""The registry as production runs it: MLflow on PostgreSQL with its own authentication.
+
+PostgreSQL is started as an operator would (Debian's binaries, its own user); `infergate
+up` starts MLflow on it with mlflow.auth. The platform signs in as the admin; MLflow's own
+clients prove that nobody else moves an alias: anonymous calls get 401, a user with the
+default READ permission 403, and what the admin sets is served."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from conftest import Stack, stack_env, wait_for
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException, RestException
+from mlflow.server import get_app_client
+
+from postgres_server import Postgres, running_postgres, unavailable
+from tiny_models import tiny_bert
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
+]
+MODEL = "guarded"
+ADMIN_PASSWORD = "admin-test-password-1"
+READER_PASSWORD = "reader-password-1"  # MLflow asks for 12 characters at least
+CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stack(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    state_dir = tmp_path_factory.mktemp("registry-stack")
+    env = stack_env(state_dir)
+    env["INFERGATE_MLFLOW__BACKEND_STORE_URI"] = postgres.create_database(
+        "mlflow", "mlflow", "mlflow-db-password"
+    )
+    env["PGPASSWORD"] = "mlflow-db-password"
+    env["INFERGATE_MLFLOW__AUTH"] = "true"
+    env["MLFLOW_AUTH_ADMIN_PASSWORD"] = ADMIN_PASSWORD
+    env["INFERGATE_PROMETHEUS__ENABLED"] = "false"
+    for name in CREDENTIALS:  # the platform signs in as the admin by default
+        env.pop(name, None)
+    running = Stack(
+        url=f"http://127.0.0.1:{env['INFERGATE_SERVE__PORT']}",
+        mlflow=f"http://127.0.0.1:{env['INFERGATE_MLFLOW__PORT']}",
+        admin=f"http://127.0.0.1:{env['INFERGATE_ADMIN__PORT']}",
+        env=env,
+        state_dir=state_dir,
+    )
+    up = running.cli("up", "--detach", timeout=600)
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        yield running
+    finally:
+        down = running.cli("down", timeout=120)
+        assert down.returncode == 0, down.stderr
+
+
+def as_user(monkeypatch: pytest.MonkeyPatch, user: str | None, password: str = "") -> None:
+    """MLflow's clients read their credentials from these variables at each call."""
+    for name in CREDENTIALS:
+        monkeypatch.delenv(name, raising=False)
+    if user is not None:
+        monkeypatch.setenv(CREDENTIALS[0], user)
+        monkeypatch.setenv(CREDENTIALS[1], password)
+
+
+def test_a_model_registered_by_the_admin_is_stored_in_postgres_and_served(
+    postgres, stack, tmp_path
+):
+    folder = tiny_bert(tmp_path / "source", "text-classification")
+    env = {**stack.env, CREDENTIALS[0]: "admin", CREDENTIALS[1]: ADMIN_PASSWORD}
+    register = [stack.infergate, "register", str(folder), "--name", MODEL, "--task",
+                "text-classification", "--alias", "champion", "--quiet",
+                "--tracking-uri", stack.mlflow]  # fmt: skip
+    done = subprocess.run(register, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert postgres.sql("SELECT name FROM registered_models", database="mlflow") == MODEL
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        url = f"/v1/models/{MODEL}/predict"
+        answered = wait_for(
+            lambda: (r := http.post(url, json={"inputs": "good film"})).status_code == 200 and r,
+            90, "the registered model served",
+        )  # fmt: skip
+    assert answered.headers["x-model-version"] == "1"
+
+
+def test_nobody_without_the_permission_moves_an_alias(stack, monkeypatch):
+    as_user(monkeypatch, None)
+    with pytest.raises((MlflowException, RestException), match=r"401|nauthori|credentials"):
+        MlflowClient(stack.mlflow).set_registered_model_alias(MODEL, "champion", "1")
+    as_user(monkeypatch, "admin", ADMIN_PASSWORD)
+    users = get_app_client("basic-auth", tracking_uri=stack.mlflow)
+    users.create_user("reader", READER_PASSWORD)
+    as_user(monkeypatch, "reader", READER_PASSWORD)
+    reader = MlflowClient(stack.mlflow)
+    assert reader.get_registered_model(MODEL).aliases == {"champion": "1"}  # READ: yes
+    with pytest.raises((MlflowException, RestException), match=r"403|ermission"):
+        reader.set_registered_model_alias(MODEL, "canary", "1")
+
+
+def test_the_admins_alias_change_reaches_the_platform(stack, monkeypatch, tmp_path):
+    as_user(monkeypatch, "admin", ADMIN_PASSWORD)
+    client = MlflowClient(stack.mlflow)
+    first = client.get_model_version(MODEL, "1")  # a new version of the same files
+    version = client.create_model_version(
+        MODEL, first.source, run_id=first.run_id, tags=first.tags
+    ).version
+    client.set_registered_model_alias(MODEL, "canary", version)
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+
+        def canary_served() -> bool:
+            versions = http.get(f"/v1/models/{MODEL}").json().get("versions", [])
+            return any(v["version"] == version and v["role"] == "canary" for v in versions)
+
+        wait_for(canary_served, 60, "the canary set by the admin served")
