@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,10 +133,11 @@ def stack_env(state_dir: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    state_dir = tmp_path_factory.mktemp("stack")
-    env = stack_env(state_dir)
+@contextmanager
+def running_stack(
+    state_dir: Path, env: dict[str, str], *up: str, timeout_s: float = 600
+) -> Iterator[Stack]:
+    """`infergate up --detach` (with the ``up`` flags) on ``env``'s ports; down at the end."""
     running = Stack(
         url=f"http://127.0.0.1:{env['INFERGATE_SERVE__PORT']}",
         mlflow=f"http://127.0.0.1:{env['INFERGATE_MLFLOW__PORT']}",
@@ -143,13 +145,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         env=env,
         state_dir=state_dir,
     )
-    up = running.cli("up", "--demo", "--detach", timeout=1800)
-    assert up.returncode == 0, up.stderr[-3000:]
+    started = running.cli("up", *up, "--detach", timeout=timeout_s)
+    assert started.returncode == 0, started.stderr[-3000:]
     try:
         yield running
     finally:
         down = running.cli("down", timeout=120)
         assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    state_dir = tmp_path_factory.mktemp("stack")
+    with running_stack(state_dir, stack_env(state_dir), "--demo", timeout_s=1800) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as triton_http
-from conftest import Stack, clone_version, stack_env, stop_process, wait_for
+from conftest import Stack, clone_version, running_stack, stack_env, stop_process, wait_for
 
 from infergate.postprocess import softmax
 from infergate.registry import Registry
@@ -104,16 +104,7 @@ def stack(triton_host: TritonHost, tmp_path_factory: pytest.TempPathFactory) -> 
     env["INFERGATE_TRITON__EXTERNAL_HOST"] = triton_host.host.address
     env["INFERGATE_TRITON__BACKEND"] = "auto"  # the wheel's Triton: the Python backend
     env["INFERGATE_PROMETHEUS__ENABLED"] = "false"
-    running = Stack(
-        url=f"http://127.0.0.1:{env['INFERGATE_SERVE__PORT']}",
-        mlflow=f"http://127.0.0.1:{env['INFERGATE_MLFLOW__PORT']}",
-        admin=f"http://127.0.0.1:{env['INFERGATE_ADMIN__PORT']}",
-        env=env,
-        state_dir=state_dir,
-    )
-    up = running.cli("up", "--detach", timeout=600)
-    assert up.returncode == 0, up.stderr[-3000:]
-    try:
+    with running_stack(state_dir, env) as running:
         folder = tiny_bert(state_dir / "source", "text-classification")
         registered = running.cli(
             "register", str(folder), "--name", MODEL, "--task", "text-classification",
@@ -121,9 +112,6 @@ def stack(triton_host: TritonHost, tmp_path_factory: pytest.TempPathFactory) -> 
         )  # fmt: skip
         assert registered.returncode == 0, registered.stderr[-2000:]
         yield running
-    finally:
-        down = running.cli("down", timeout=120)
-        assert down.returncode == 0, down.stderr
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import Stack, stack_env, wait_for
+from conftest import Stack, running_stack, stack_env, wait_for
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 from mlflow.server import get_app_client
@@ -49,20 +49,8 @@ def stack(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Itera
     env["INFERGATE_PROMETHEUS__ENABLED"] = "false"
     for name in CREDENTIALS:  # the platform signs in as the admin by default
         env.pop(name, None)
-    running = Stack(
-        url=f"http://127.0.0.1:{env['INFERGATE_SERVE__PORT']}",
-        mlflow=f"http://127.0.0.1:{env['INFERGATE_MLFLOW__PORT']}",
-        admin=f"http://127.0.0.1:{env['INFERGATE_ADMIN__PORT']}",
-        env=env,
-        state_dir=state_dir,
-    )
-    up = running.cli("up", "--detach", timeout=600)
-    assert up.returncode == 0, up.stderr[-3000:]
-    try:
+    with running_stack(state_dir, env) as running:
         yield running
-    finally:
-        down = running.cli("down", timeout=120)
-        assert down.returncode == 0, down.stderr
 
 
 def as_user(monkeypatch: pytest.MonkeyPatch, user: str | None, password: str = "") -> None:

@@ -7,37 +7,12 @@ Loading real versions into a real Triton is covered in tests/e2e/test_stack.py.
 import json
 from types import SimpleNamespace
 
+from fake_triton import FakeTriton
 from infergate.config import TritonSettings
 from infergate.control import reconcile
 from infergate.control.reconcile import ControlPlane
 from infergate.triton.fleet import TritonFleet
 from infergate.versions import CANARY, CHAMPION, ServedVersion
-
-
-class FakeTriton:
-    """A Triton's control API: what was loaded and unloaded, and what is ready now."""
-
-    def __init__(self) -> None:
-        self.loaded: list[str] = []
-        self.unloaded: list[str] = []
-        self.ready: set[str] = set()
-
-    def load(self, model: str, timeout_s: float, **request) -> None:
-        self.loaded.append(model)
-        self.ready.add(model)
-
-    def unload(self, model: str, timeout_s: float = 30.0) -> None:
-        self.unloaded.append(model)
-        self.ready.discard(model)
-
-    def is_ready(self, model: str) -> bool:
-        return model in self.ready
-
-    def server_ready(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
 
 
 def fleet_of(triton: FakeTriton, repository) -> TritonFleet:

@@ -9,40 +9,11 @@ import json
 
 import pytest
 
+from fake_triton import FakeTriton
 from infergate.config import TritonSettings
-from infergate.errors import BackendUnavailable, RegistrationError
+from infergate.errors import BackendUnavailable
 from infergate.triton.fleet import PROBE_MODEL, TritonFleet, resolve
 from infergate.triton.repository import model_files
-
-
-class Triton:
-    """One Triton's control API as the fleet uses it."""
-
-    def __init__(self, url: str, native: bool = False) -> None:
-        self.url, self.native = url, native
-        self.requests: list[tuple[str, dict]] = []
-        self.unloaded: list[str] = []
-        self.ready: set[str] = set()
-        self.closed = False
-
-    def load(self, model, timeout_s, *, config=None, files=None) -> None:
-        if config and json.loads(config).get("platform") == "onnxruntime_onnx" and not self.native:
-            raise RegistrationError("unknown platform onnxruntime_onnx")
-        self.requests.append((model, {"config": config, "files": files}))
-        self.ready.add(model)
-
-    def unload(self, model, timeout_s=30.0) -> None:
-        self.unloaded.append(model)
-        self.ready.discard(model)
-
-    def is_ready(self, model: str) -> bool:
-        return model in self.ready
-
-    def server_ready(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class Pods:
@@ -50,11 +21,11 @@ class Pods:
 
     def __init__(self, *addresses: str, native: bool = False) -> None:
         self.addresses = list(addresses)
-        self.tritons: dict[str, Triton] = {}
+        self.tritons: dict[str, FakeTriton] = {}
         self.native = native
 
-    def connect(self, url: str) -> Triton:
-        self.tritons[url] = Triton(url, self.native)
+    def connect(self, url: str) -> FakeTriton:
+        self.tritons[url] = FakeTriton(url, self.native)
         return self.tritons[url]
 
     def fleet(self, repository=None, **settings) -> TritonFleet:
@@ -108,6 +79,18 @@ def test_a_pod_that_lost_its_versions_is_found_and_only_it_is_loaded_again(versi
     fleet.load(version_files, only=["10.1.0.6:8101", "10.1.0.7:8101"])
     assert [len(pods.tritons[u].requests) for u in sorted(pods.tritons)] == [1, 2, 1]
     assert fleet.missing(["m__v1"]) == {}
+
+
+def test_a_triton_that_does_not_answer_is_not_counted_as_lacking(version_files):
+    """Nothing can be loaded into it now; once it answers again, empty, it is."""
+    pods = Pods("10.1.0.5", "10.1.0.6")
+    fleet = pods.fleet()
+    fleet.load(version_files)
+    away = pods.tritons["10.1.0.6:8101"]
+    away.up, away.ready = False, set()
+    assert fleet.missing(["m__v1"]) == {} and not fleet.ready()
+    away.up = True
+    assert fleet.missing(["m__v1"]) == {"m__v1": ["10.1.0.6:8101"]} and fleet.ready()
 
 
 def test_a_pod_that_went_away_is_let_go(version_files):

@@ -17,6 +17,7 @@ import ipaddress
 import json
 import logging
 import socket
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
@@ -87,17 +88,21 @@ class TritonFleet:
         self._connect = connect
         self._resolve = resolve
         self._controls: dict[str, Control] = {}
+        self._lock = threading.Lock()
         self._backend: str | None = None if settings.backend == "auto" else settings.backend
 
     def endpoints(self) -> dict[str, Control]:
         """A control client per Triton the host resolves to now, by ``host:port``."""
         addresses = self._resolve(self.settings.host)
         urls = {_url(address, self.settings.grpc_port) for address in addresses}
-        for url in sorted(set(self._controls) - urls):  # a pod that went away
-            self._controls.pop(url).close()
-        for url in sorted(urls - set(self._controls)):
-            self._controls[url] = self._connect(url)
-        return dict(sorted(self._controls.items()))
+        # The supervisor's check and a reconcile (under the control plane's lock, from any
+        # thread) may both get here.
+        with self._lock:
+            for url in sorted(set(self._controls) - urls):  # a pod that went away
+                self._controls.pop(url).close()
+            for url in sorted(urls - set(self._controls)):
+                self._controls[url] = self._connect(url)
+            return dict(sorted(self._controls.items()))
 
     def ready(self) -> bool:
         """At least one Triton answers, and all that resolve do."""
@@ -179,9 +184,10 @@ class TritonFleet:
         return "onnxruntime"
 
     def close(self) -> None:
-        for control in self._controls.values():
-            control.close()
-        self._controls.clear()
+        with self._lock:
+            for control in self._controls.values():
+                control.close()
+            self._controls.clear()
 
 
 def _probe_request() -> tuple[str, dict[str, bytes]]:
