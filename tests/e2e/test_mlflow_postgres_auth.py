@@ -7,11 +7,15 @@ default READ permission 403, and what the admin sets is served."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from conftest import Stack, running_stack, stack_env, wait_for
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
@@ -111,3 +115,59 @@ def test_the_admins_alias_change_reaches_the_platform(stack, monkeypatch, tmp_pa
             return any(v["version"] == version and v["role"] == "canary" for v in versions)
 
         wait_for(canary_served, 60, "the canary set by the admin served")
+
+
+def test_the_helm_charts_mlflow_command_runs_its_auth_app_on_postgres(
+    postgres, tmp_path, monkeypatch
+):
+    """The chart's MLflow container, run here as Kubernetes would run it: its command,
+    arguments and environment as rendered, with the secrets' values and this machine's
+    port filled in."""
+    import helm_python
+
+    from infergate.config import PROJECT_ROOT
+    from infergate.processes import free_ports, http_ok, spawn, wait_until
+
+    values = {"postgresql": {"enabled": False},
+              "mlflow": {"backendStore": {"existingSecret": "db", "uriKey": "uri"}}}  # fmt: skip
+    with helm_python.Chart.load(PROJECT_ROOT / "helm" / "infergate") as chart:
+        files = chart.render(values, name="demo", namespace="ml")
+    (deployment,) = [
+        doc
+        for doc in yaml.safe_load_all(files["infergate/templates/mlflow.yaml"])
+        if doc and doc["kind"] == "Deployment"
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    [port] = free_ports(1)
+    secrets = {
+        "MLFLOW_BACKEND_STORE_URI": postgres.create_database(
+            "chart", "chart", "chart-db-pw-1"
+        ).replace("chart@", "chart:chart-db-pw-1@"),
+        "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD,
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "a-test-secret-key",
+    }
+    env = {**os.environ}
+    for entry in container["env"]:
+        env[entry["name"]] = secrets.get(entry["name"], entry.get("value", ""))
+    env["MLFLOW_AUTH_CONFIG_PATH"] = str(tmp_path / "basic_auth.ini")
+    args = [
+        a.replace("0.0.0.0", "127.0.0.1")
+        .replace("--port=5000", f"--port={port}")
+        .replace("/mlflow/artifacts", str(tmp_path / "artifacts"))
+        for a in container["args"]
+    ]
+    bindir = str(Path(sys.executable).parent)  # the image's PATH has mlflow: here, the venv's
+    env["PATH"] = f"{bindir}:{env['PATH']}"
+    server = spawn("chart-mlflow", [*container["command"], *args], tmp_path, env)
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        wait_until(server, lambda: http_ok(f"{uri}/health"), 90, "the chart's MLflow")
+        as_user(monkeypatch, None)
+        with pytest.raises((MlflowException, RestException), match=r"401|nauthori|credentials"):
+            MlflowClient(uri).create_registered_model("chart-model")
+        as_user(monkeypatch, "admin", ADMIN_PASSWORD)
+        MlflowClient(uri).create_registered_model("chart-model")
+    finally:
+        server.stop()
+    tables = postgres.sql("SELECT tablename FROM pg_tables WHERE schemaname='public'", "chart")
+    assert {"registered_models", "users", "alembic_version_auth"} <= set(tables.split())

@@ -25,7 +25,7 @@ from prometheus_server import PROMTOOL
 
 DEPLOYMENTS = PROJECT_ROOT / "deployments"
 COMPOSE_FILE = DEPLOYMENTS / "compose.yaml"
-REQUIRED = {"INFERGATE_ADMIN_TOKEN": "test-token"}
+REQUIRED = {"INFERGATE_ADMIN_TOKEN": "test-token", "MLFLOW_ADMIN_PASSWORD": "test-password"}
 
 PENDING_FRONTEND_ARGS: set[str] = set()
 
@@ -122,9 +122,11 @@ def test_every_service_has_an_image_or_a_build(compose):
     assert expected | {"grafana"} == set(compose["services"])
 
 
-def test_the_only_required_variable_is_the_admin_token_and_all_are_documented(raw):
-    with pytest.raises(MissingVariable, match="INFERGATE_ADMIN_TOKEN"):
-        interpolate(raw, {})
+def test_the_only_required_variables_are_the_two_secrets_and_all_are_documented(raw):
+    for missing in REQUIRED:  # each one alone stops Compose with a line that names it
+        others = {name: value for name, value in REQUIRED.items() if name != missing}
+        with pytest.raises(MissingVariable, match=missing):
+            interpolate(raw, others)
     interpolate(raw, dict(REQUIRED))
     header = "".join(
         line for line in COMPOSE_FILE.read_text().splitlines(True) if line.startswith("#")

@@ -459,7 +459,7 @@ def test_external_database_and_s3_artifacts():
         "secretKeyRef": {"name": "mlflow-db", "key": "connection"}
     }
     assert "POSTGRES_PASSWORD" not in env
-    assert "--artifacts-destination=s3://models/mlflow" in mlflow["command"]
+    assert "--artifacts-destination=s3://models/mlflow" in mlflow["args"]
     assert env["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"
     assert mlflow["envFrom"] == [{"secretRef": {"name": "minio-keys"}}]
     assert "volumeMounts" not in mlflow
@@ -699,4 +699,35 @@ def test_copied_files_equal_their_originals():
     assert not stale and not extra, (
         f"helm/infergate/files/ differs from the repository: stale {stale}, extra {extra}; "
         "refresh it as helm/infergate/files/README.md says"
+    )
+
+
+def test_mlflow_runs_its_auth_app_and_the_platform_signs_in():
+    manifests = render("defaults")
+    mlflow = container(find(manifests, "Deployment", named("mlflow")))
+    assert mlflow["command"][:2] == ["sh", "-c"] and "--app-name=basic-auth" in mlflow["command"][2]
+    env = env_of(mlflow)
+    auth_secret = named("mlflow-auth")
+    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"]["secretKeyRef"] == {
+        "name": auth_secret,
+        "key": "admin-password",
+    }
+    assert env["MLFLOW_FLASK_SERVER_SECRET_KEY"]["secretKeyRef"]["key"] == "secret-key"
+    secret = find(manifests, "Secret", auth_secret)
+    assert set(secret["data"]) == {"admin-password", "secret-key"}
+    control_plane = env_of(container(find(manifests, "Deployment", named("control-plane"))))
+    assert control_plane["MLFLOW_TRACKING_USERNAME"] == "admin"
+    assert control_plane["MLFLOW_TRACKING_PASSWORD"]["secretKeyRef"]["name"] == auth_secret
+    spec = find(manifests, "RayService")["spec"]["rayClusterConfig"]
+    pods = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+    for pod in pods:
+        ray_env = env_of(pod["template"]["spec"]["containers"][0])
+        assert ray_env["MLFLOW_TRACKING_USERNAME"] == "admin"  # replicas download artifacts
+    off = render({"mlflow": {"auth": {"enabled": False}}})
+    plain = container(find(off, "Deployment", named("mlflow")))
+    assert plain["command"] == ["mlflow", "server"] and "MLFLOW_AUTH_ADMIN_PASSWORD" not in (
+        env_of(plain)
+    )
+    assert "MLFLOW_TRACKING_USERNAME" not in env_of(
+        container(find(off, "Deployment", named("control-plane")))
     )

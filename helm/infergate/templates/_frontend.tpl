@@ -48,6 +48,7 @@ Environment of every Ray container.
 # Replicas tokenize a batch on the calling thread (infergate.tokenization).
 - name: TOKENIZERS_PARALLELISM
   value: "false"
+{{- include "infergate.mlflowClientEnv" . | nindent 0 }}
 {{- if .Values.frontend.fastIngress }}
 # HAProxy ingress and throughput-optimised mode of Ray Serve.
 - name: RAY_SERVE_ENABLE_HA_PROXY

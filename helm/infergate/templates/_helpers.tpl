@@ -127,6 +127,23 @@ Secret names: the user's existing Secret, or the one this chart generates.
 {{- define "infergate.webhookKeySecretName" -}}
 {{- .Values.mlflow.webhookEncryptionKey.existingSecret | default (printf "%s-webhook-key" (include "infergate.mlflowName" .)) }}
 {{- end }}
+{{- define "infergate.mlflowAuthSecretName" -}}
+{{- .Values.mlflow.auth.existingSecret | default (printf "%s-auth" (include "infergate.mlflowName" .)) }}
+{{- end }}
+{{/*
+The MLflow user the platform's clients sign in as (control plane, Ray pods), when auth is on.
+*/}}
+{{- define "infergate.mlflowClientEnv" -}}
+{{- if .Values.mlflow.auth.enabled -}}
+- name: MLFLOW_TRACKING_USERNAME
+  value: admin
+- name: MLFLOW_TRACKING_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "infergate.mlflowAuthSecretName" . }}
+      key: admin-password
+{{- end }}
+{{- end }}
 {{- define "infergate.postgresqlSecretName" -}}
 {{- .Values.postgresql.existingSecret | default (include "infergate.postgresqlName" .) }}
 {{- end }}
