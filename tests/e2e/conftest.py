@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -207,3 +208,35 @@ def clone_version(
         (files / "tokenizer" / "tokenizer.json").write_text("this is not a tokenizer")
     task = registry.model(name).task
     return registry.register(name, task, files, metrics={}, params={}, tags={"test": "yes"})
+
+
+@dataclass
+class Load:
+    """A steady client in a thread: ``send()`` every ``interval_s``, each answer recorded
+    as (sent at, seconds, status or 0 for no HTTP answer, JSON body or not)."""
+
+    send: Callable[[], httpx.Response]
+    interval_s: float = 0.02
+    answers: list[tuple[float, float, int, bool]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            sent = time.monotonic()
+            try:
+                response = self.send()
+                status = response.status_code
+                is_json = response.headers.get("content-type") == "application/json"
+            except httpx.HTTPError:
+                status, is_json = 0, False  # refused, reset or timed out
+            self.answers.append((sent, time.monotonic() - sent, status, is_json))
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> Load:
+        self._thread = threading.Thread(target=self.run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)

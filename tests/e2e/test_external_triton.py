@@ -10,10 +10,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -22,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as triton_http
-from conftest import Stack, clone_version, running_stack, stack_env, stop_process, wait_for
+from conftest import Load, Stack, clone_version, running_stack, stack_env, stop_process, wait_for
 
 from infergate.postprocess import softmax
 from infergate.registry import Registry
@@ -155,39 +154,8 @@ def test_a_triton_that_never_saw_our_disk_serves_the_registered_model(triton_hos
     assert not (stack.state_dir / "triton-repository").exists()
 
 
-@dataclass
-class Load:
-    """A steady client: one request every ``interval_s``, each answer recorded."""
-
-    http: httpx.Client
-    interval_s: float = 0.02
-    answers: list[tuple[float, float, int, bool]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        while not self._stop.is_set():
-            sent = time.monotonic()
-            try:
-                response = _predict(self.http)
-                status = response.status_code
-                is_json = response.headers.get("content-type") == "application/json"
-            except httpx.HTTPError:
-                status, is_json = 0, False  # refused, reset or timed out
-            self.answers.append((sent, time.monotonic() - sent, status, is_json))
-            time.sleep(self.interval_s)
-
-    def __enter__(self) -> Load:
-        self._thread = threading.Thread(target=self.run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
-
-
 def test_a_triton_that_restarted_empty_gets_its_versions_again_under_load(triton_host, stack, http):
-    with Load(http) as load:
+    with Load(lambda: _predict(http)) as load:
         time.sleep(1.0)
         killed = time.monotonic()
         triton_host.kill()

@@ -1,0 +1,225 @@
+"""The front-end on a Ray cluster the platform did not start: a head on this machine and a
+worker node on another "host" (a network namespace with its own address), as an operator
+runs them (`ray start`), the Serve application deployed declaratively (`serve deploy`, as
+KubeRay does), Triton and MLflow reachable from both nodes, and `infergate up` joining with
+serve.external to publish traffic tables. The replicas run on both nodes; the worker node
+lost under load, then back, gets its replica again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from conftest import Load, Stack, running_stack, stack_env, stop_process, wait_for
+
+from infergate.processes import descendants, free_ports, reap
+from network_hosts import Host, network_host, unavailable
+from tiny_models import tiny_bert
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
+]
+MODEL = "spread"
+BIN = Path(sys.executable).parent
+# Ray turns token authentication on for new clusters; the nodes of this machine share the
+# token file, so the worker joins with it.
+RAY_ENV = {"RAY_AUTH_MODE": "token", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass
+class Cluster:
+    host: Host
+    gcs: str  # the head's address, for `ray start --address`
+    dashboard: str  # http://..., for `serve deploy` and the state API
+    client: str  # ray://..., for `infergate up`
+    http_port: int  # Serve's ingress on every node
+    head: subprocess.Popen[bytes]
+    env: dict[str, str]
+    workdir: Path
+    worker: subprocess.Popen[bytes] | None = None
+
+    def start_worker(self) -> None:
+        command = self.host.command(
+            str(BIN / "ray"), "start", "--address", self.gcs, "--node-ip-address",
+            self.host.address, "--num-cpus=1", "--disable-usage-stats", "--block",
+        )  # fmt: skip
+        with (self.workdir / "worker.log").open("ab") as log:
+            self.worker = subprocess.Popen(command, env=self.env, stdout=log, stderr=log)
+        wait_for(lambda: len(self.nodes()) == 2, 60, "the worker node joining")
+
+    def lose_worker(self) -> None:
+        """Every process of the worker's host dies at once, as when a machine is lost."""
+        pids = subprocess.run(
+            ["ip", "netns", "pids", self.host.name], capture_output=True, text=True
+        ).stdout.split()
+        for pid in pids:
+            os.kill(int(pid), signal.SIGKILL)
+        if self.worker is not None:
+            self.worker.wait(timeout=30)
+
+    def nodes(self) -> list[str]:
+        from ray.util.state import list_nodes
+
+        alive = list_nodes(
+            address=self.dashboard,
+            filters=[("state", "=", "ALIVE")],
+            raise_on_missing_output=False,  # a lost node is still listed, as dead
+        )
+        return [node.node_ip for node in alive]
+
+    def replica_nodes(self) -> list[str]:
+        """The node (IP) of every live front-end replica."""
+        from ray.util.state import list_actors, list_nodes
+
+        nodes = list_nodes(address=self.dashboard, raise_on_missing_output=False)
+        ips = {n.node_id: n.node_ip for n in nodes}
+        actors = list_actors(
+            address=self.dashboard,
+            filters=[
+                ("class_name", "=", "ServeReplica:infergate:frontend"),
+                ("state", "=", "ALIVE"),
+            ],
+            raise_on_missing_output=False,
+        )
+        return sorted(ips[actor.node_id] for actor in actors)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    workdir = tmp_path_factory.mktemp("ray-cluster")
+    env = {**os.environ, **RAY_ENV}
+    subnet = (os.getpid() + 1) % 250
+    # This process asks the cluster's state API too: with the cluster's token.
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        network_host(f"igr{os.getpid() % 10000}", subnet) as host,
+    ):
+        patch.setenv("RAY_AUTH_MODE", "token")
+        gcs_port, dashboard_port, client_port, http_port = free_ports(4)
+        head_command = [
+            str(BIN / "ray"), "start", "--head", "--node-ip-address", host.gateway,
+            f"--port={gcs_port}", "--num-cpus=1", f"--dashboard-host={host.gateway}",
+            f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={client_port}",
+            "--disable-usage-stats", "--block",
+        ]  # fmt: skip
+        with (workdir / "head.log").open("wb") as log:
+            head = subprocess.Popen(head_command, env=env, stdout=log, stderr=log)
+        running = Cluster(
+            host, f"{host.gateway}:{gcs_port}", f"http://{host.gateway}:{dashboard_port}",
+            f"ray://{host.gateway}:{client_port}", http_port, head, env, workdir,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: _answers(running), 90, "the Ray head")
+            running.start_worker()
+            yield running
+        finally:
+            running.lose_worker()
+            reap([head.pid, *descendants([head.pid])])
+            head.wait(timeout=60)
+
+
+def _answers(cluster: Cluster) -> bool:
+    try:
+        return bool(cluster.nodes())
+    except Exception:  # the dashboard not up yet: refused, or not serving the API yet
+        return False
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    state_dir = tmp_path_factory.mktemp("cluster-stack")
+    env = {**stack_env(state_dir), **RAY_ENV}
+    gateway = cluster.host.gateway
+    # Triton and MLflow where both nodes reach them: on the head's address.
+    triton_ports = {name: env[f"INFERGATE_TRITON__{name}"]
+                    for name in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT")}  # fmt: skip
+    triton = subprocess.Popen(
+        [str(BIN / "infergate"), "triton", "--address", gateway, "--state-dir",
+         str(state_dir / "triton")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    mlflow = f"http://{gateway}:{env['INFERGATE_MLFLOW__PORT']}"
+    serve_config = {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": "0.0.0.0", "port": cluster.http_port},
+        "applications": [{
+            "name": "infergate", "route_prefix": "/",
+            "import_path": "infergate.serve_app:build_app",
+            "args": {"triton_grpc_url": f"{gateway}:{triton_ports['GRPC_PORT']}",
+                     "tracking_uri": mlflow, "artifact_cache_dir": str(state_dir / "cache")},
+            # More than half a node's CPU each: one replica per node.
+            "deployments": [{"name": "frontend", "num_replicas": 2,
+                             "ray_actor_options": {"num_cpus": 0.6}}],
+        }],
+    }  # fmt: skip
+    config_file = state_dir / "serve.yaml"
+    config_file.write_text(yaml.safe_dump(serve_config))
+    deployed = subprocess.run(
+        [str(BIN / "serve"), "deploy", "--address", cluster.dashboard, str(config_file)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert deployed.returncode == 0, deployed.stderr[-2000:]
+    env.update({
+        "INFERGATE_SERVE__EXTERNAL": "true", "RAY_ADDRESS": cluster.client,
+        "INFERGATE_TRITON__EXTERNAL_HOST": gateway, "INFERGATE_MLFLOW__HOST": gateway,
+        "INFERGATE_PROMETHEUS__ENABLED": "false",
+    })  # fmt: skip
+    try:
+        with running_stack(state_dir, env) as running:
+            folder = tiny_bert(state_dir / "source", "text-classification")
+            registered = running.cli(
+                "register", str(folder), "--name", MODEL, "--task", "text-classification",
+                "--alias", "champion", "--quiet", "--tracking-uri", mlflow,
+            )  # fmt: skip
+            assert registered.returncode == 0, registered.stderr[-2000:]
+            yield Stack(f"http://127.0.0.1:{cluster.http_port}", mlflow, running.admin,
+                        running.env, running.state_dir)  # fmt: skip
+    finally:
+        stop_process(triton)
+
+
+def _predict(http: httpx.Client) -> httpx.Response:
+    return http.post(f"/v1/models/{MODEL}/predict", json={"inputs": "good film"})
+
+
+def test_replicas_on_both_nodes_serve_what_the_control_plane_publishes(cluster, stack):
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        wait_for(lambda: _predict(http).status_code == 200, 120, f"{MODEL} served")
+    assert cluster.replica_nodes() == sorted([cluster.host.gateway, cluster.host.address])
+    # The worker node's own ingress answers too: the table reached its replica.
+    remote = f"http://{cluster.host.address}:{cluster.http_port}"
+    with httpx.Client(base_url=remote, timeout=30) as http:
+        response = _predict(http)
+    assert response.status_code == 200 and response.headers["x-model-version"] == "1"
+
+
+def test_a_lost_worker_node_costs_no_request_and_gets_its_replica_back(cluster, stack):
+    with httpx.Client(base_url=stack.url, timeout=30) as http, Load(lambda: _predict(http)) as load:
+        time.sleep(2.0)
+        lost = time.monotonic()
+        cluster.lose_worker()
+        wait_for(lambda: cluster.replica_nodes() == [cluster.host.gateway], 60, "one replica left")
+        cluster.start_worker()
+        back = time.monotonic()
+        wait_for(lambda: len(cluster.replica_nodes()) == 2, 60, "the second replica again")
+        rescheduled = time.monotonic() - back
+        time.sleep(2.0)
+    after = [a for a in load.answers if a[0] >= lost]
+    statuses = sorted({s for _, _, s, _ in after})
+    slowest = max(duration for _, duration, _, _ in after)
+    print(
+        f"\nworker node lost under load: {len(after)} requests after it, statuses {statuses}, "
+        f"slowest {slowest:.2f} s; node back after {back - lost:.1f} s, its replica "
+        f"{rescheduled:.1f} s later"
+    )
+    assert statuses == [200] and slowest < 10.0
+    assert cluster.replica_nodes() == sorted([cluster.host.gateway, cluster.host.address])
