@@ -99,6 +99,9 @@ def _start(settings: ServeSettings, keep: set[int]) -> None:
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
         try:
             ray.init(
+                # A new cluster of our own: without this, Ray joins whatever cluster
+                # `ray start` last left running on this machine (/tmp/ray/ray_current_cluster).
+                address="local",
                 num_cpus=settings.ray_num_cpus,
                 include_dashboard=False,
                 log_to_driver=False,

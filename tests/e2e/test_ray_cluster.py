@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -126,6 +127,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             running.lose_worker()
             reap([head.pid, *descendants([head.pid])])
             head.wait(timeout=60)
+            # What `ray stop` would remove: the pointer to this cluster, for Ray clients
+            # that look for "the" cluster of this machine.
+            current = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+            if current.exists() and current.read_text().strip() == running.gcs:
+                current.unlink()
 
 
 def _answers(cluster: Cluster) -> bool:

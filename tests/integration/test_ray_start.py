@@ -1,6 +1,11 @@
 """Ray's start is tried again when Ray misses its own start-up deadline."""
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import ray
@@ -50,3 +55,34 @@ def test_the_last_timeout_is_raised(ray_calls):
         ray_start.start_ray(ServeSettings(fast_ingress=False), keep=set())
     assert ray_calls["init"] == ray_start.RAY_START_ATTEMPTS
     assert ray_calls["serve"] == 0
+
+
+START_BESIDE_A_LEFT_CLUSTER = """
+import ray
+from infergate.config import ServeSettings
+from infergate.processes import free_ports
+from infergate.ray_start import start_ray
+
+start_ray(ServeSettings(fast_ingress=False, port=free_ports(1)[0]), keep=set())
+print(ray.get_runtime_context().gcs_address)
+ray.shutdown()
+"""
+
+
+def test_the_stack_starts_a_ray_of_its_own_beside_one_that_ray_start_left_behind():
+    """`ray start` records its cluster in <temp>/ray/ray_current_cluster, and a plain
+    ray.init() joins that one (or fails, if it is gone): a stack must start its own."""
+    temp = Path(tempfile.mkdtemp(prefix="rt-"))  # short: Ray's socket paths have a limit
+    try:
+        (temp / "ray").mkdir()
+        (temp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")  # nobody there
+        run = subprocess.run(
+            [sys.executable, "-c", START_BESIDE_A_LEFT_CLUSTER],
+            env={**os.environ, "RAY_TMPDIR": str(temp)},
+            capture_output=True, text=True, timeout=120,  # joining the left one hangs
+            start_new_session=True,  # what Ray kills when it fails is not ours
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert run.stdout.strip() and "127.0.0.1:1" not in run.stdout
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
