@@ -216,3 +216,19 @@ def test_after_triton_restarted_every_served_version_is_loaded_again(tmp_path):
     assert plane.reconcile().loaded == ["m__v1", "m__v2"]
     assert len(plane.tables) == 1  # the replicas' table did not change
     assert plane.reconcile().loaded == []
+
+
+def test_a_served_version_a_triton_fails_to_take_back_stays_served(tmp_path):
+    """A Triton that restarted empty, and could not be loaded again (a flapping pod, the
+    registry away): the version keeps its place in the table and on the other Tritons,
+    its canary is not rolled back, and the next reconcile tries again."""
+    plane = Plane(tmp_path, [version("1", weight=90), version("2", CANARY, 10)])
+    plane.reconcile()
+    plane.triton.ready.clear()
+    plane.broken = {"m__v2"}
+    result = plane.reconcile()
+    assert result.failed.keys() == {"m__v2"} and result.loaded == ["m__v1"]
+    assert served(plane) == [("1", CHAMPION, 90), ("2", CANARY, 10)]
+    assert plane.failures == [] and plane.triton.unloaded == [] and len(plane.tables) == 1
+    plane.broken = set()
+    assert plane.reconcile().loaded == ["m__v2"]

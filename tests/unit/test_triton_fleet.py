@@ -125,3 +125,20 @@ def test_names_and_addresses_resolve():
     assert resolve("127.0.0.1") == ["127.0.0.1"]
     assert "127.0.0.1" in resolve("localhost")
     assert resolve("no-such-host.invalid") == []
+
+
+def test_a_triton_away_during_the_probe_decides_no_backend():
+    """Only a refused probe means "no native backend"; an unreachable Triton is asked
+    again at the next load."""
+    pods = Pods("10.1.0.5", native=True)
+    fleet = pods.fleet(backend="auto")
+    fleet.endpoints()
+    pods.tritons["10.1.0.5:8101"].load = _unreachable  # type: ignore[method-assign]
+    with pytest.raises(BackendUnavailable):
+        fleet.model_settings()
+    del pods.tritons["10.1.0.5:8101"].load  # back to the fake's own
+    assert fleet.model_settings().backend == "onnxruntime"
+
+
+def _unreachable(*args, **kwargs) -> None:
+    raise BackendUnavailable("Triton at 10.1.0.5:8101 is not reachable.")

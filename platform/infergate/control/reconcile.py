@@ -76,10 +76,16 @@ class ControlPlane:
             if new or model in lacking:
                 try:
                     self._load(version, model, only=None if new else lacking[model])
-                except Exception as exc:  # any failure keeps the version away from traffic
-                    self._failed(version, _reason(exc), wanted, result)
-                    continue
-                result.loaded.append(model)
+                except Exception as exc:
+                    if new:  # any failure keeps a new version away from traffic
+                        self._failed(version, _reason(exc), wanted, result)
+                        continue
+                    # A Triton that lost a served version did not take it back: the others
+                    # still serve it, and the next check tries that one again.
+                    log.error("reloading %s into %s failed: %s", model, lacking[model], exc)
+                    result.failed[model] = _reason(exc)
+                else:
+                    result.loaded.append(model)
             result.served.append(version)
         result.served = _rebalance(result.served)
         new_serving = {triton_model_name(v.name, v.version): v for v in result.served}

@@ -25,7 +25,7 @@ from typing import Protocol
 from onnx import TensorProto, helper
 
 from infergate.config import TritonSettings
-from infergate.errors import BackendUnavailable, InfergateError
+from infergate.errors import BackendUnavailable, InfergateError, RegistrationError
 from infergate.triton.client import TritonControl
 from infergate.triton.repository import ModelFiles, remove_model, write_files
 
@@ -177,7 +177,7 @@ class TritonFleet:
         config, files = _probe_request()
         try:
             control.load(PROBE_MODEL, self.settings.load_timeout_s, config=config, files=files)
-        except InfergateError as exc:
+        except RegistrationError as exc:  # refused; an unreachable Triton raises on, uncached
             log.info("Triton has no native ONNX Runtime backend: %s", exc)
             return "python"
         control.unload(PROBE_MODEL)
