@@ -1,8 +1,9 @@
 """The HTTP surface of a front-end replica, independent of Ray Serve.
 
-``Frontend.handle`` takes a Starlette request and returns a response; the Ray Serve
-deployment (``infergate.serve_app``) only hosts it. Every error becomes one JSON shape,
-``{"error": ..., "type": ...}``, with the status its class carries.
+``Frontend.handle`` takes a Starlette request and returns a response. A replica
+(``infergate.replica``) builds one per traffic table, and the Ray Serve deployment
+(``infergate.serve_app``) only hosts that replica. Every error becomes one JSON shape,
+``{"error": ..., "type": ...}``, with the status its class carries (``infergate.http``).
 """
 
 from __future__ import annotations
