@@ -78,6 +78,13 @@ class MethodNotAllowed(InfergateError):
     status = 405
     kind = "method_not_allowed"
 
+    def __init__(self, message: str, allow: str = "") -> None:
+        super().__init__(message)
+        self.allow = allow  # "GET, HEAD": the methods the route takes (RFC 9110, 15.5.6)
+
+    def headers(self) -> dict[str, str]:
+        return {"Allow": self.allow} if self.allow else {}
+
 
 class RolloutConflict(InfergateError):
     """A rollout command that the model's rollout state does not allow."""

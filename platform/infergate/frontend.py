@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,15 +23,14 @@ from infergate.errors import (
     BackendUnavailable,
     ClientClosedRequest,
     InfergateError,
-    MethodNotAllowed,
     ModelNotFound,
-    RouteNotFound,
 )
-from infergate.http import answer, json_response, read_body
+from infergate.http import answer, error_response, json_response, read_body
 from infergate.metrics import TOTAL
 from infergate.monitor import Monitors
 from infergate.openapi import openapi_document
-from infergate.protocol import Limits, check_content_type, parse_predict
+from infergate.protocol import Answer, Limits, Parse, Render, check_content_type, parse_predict
+from infergate.routes import Route, Routes
 from infergate.routing import ServedModel
 from infergate.runtime import ModelRuntime, Prediction
 from infergate.telemetry import NullTelemetry, Telemetry
@@ -84,37 +84,34 @@ class Frontend:
     async def handle(self, request: Request) -> Response:
         self.in_flight += 1
         try:
+            try:
+                route, params = ROUTES.match(request.method, request.url.path)
+            except InfergateError as error:
+                return error_response(error)
             what = f"{request.method} {request.url.path}"
-            return await answer(lambda: self._route(request), what)
+            handler = getattr(self, route.handler)
+            return await answer(lambda: handler(request, **params), what, route.error_body)
         finally:
             self.in_flight -= 1
 
-    async def _route(self, request: Request) -> Response:
-        path = request.url.path.rstrip("/") or "/"
-        parts = path.strip("/").split("/")
-        method = request.method
-        if parts[:2] == ["v1", "models"] and len(parts) == 4 and parts[3] == "predict":
-            _allow(method, "POST")
-            return await self._predict(request, parts[2])
-        if path == "/predict":
-            _allow(method, "POST")
-            return await self._predict(request, self.settings.default_model)
-        if parts[:2] == ["v1", "models"] and len(parts) == 3:
-            _allow(method, "GET")
-            return json_response(self._model(parts[2]).describe())
-        if path == "/v1/models":
-            _allow(method, "GET")
-            return json_response({"models": [m.describe() for m in self.models.values()]})
-        if path == "/healthz":
-            _allow(method, "GET")
-            return json_response({"status": "ok"})
-        if path == "/readyz":
-            _allow(method, "GET")
-            return await self._readyz()
-        if path == "/openapi.json":
-            _allow(method, "GET")
-            return json_response(openapi_document())
-        raise RouteNotFound(f"no route {method} {path}; see GET /openapi.json")
+    async def _predict_named(self, request: Request, name: str) -> Response:
+        return await self.serve_inference(request, name, parse_predict, _predict_payload)
+
+    async def _predict_default(self, request: Request) -> Response:
+        name = self.settings.default_model
+        return await self.serve_inference(request, name, parse_predict, _predict_payload)
+
+    async def _describe(self, request: Request, name: str) -> Response:
+        return json_response(self._model(name).describe())
+
+    async def _list(self, request: Request) -> Response:
+        return json_response({"models": [m.describe() for m in self.models.values()]})
+
+    async def _healthz(self, request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def _openapi(self, request: Request) -> Response:
+        return json_response(openapi_document())
 
     def _model(self, name: str) -> ServedModel:
         model = self.models.get(name)
@@ -129,25 +126,42 @@ class Frontend:
             raise ModelNotFound(f"model {name!r} is not served; served models: {known}")
         return model
 
-    async def _predict(self, request: Request, name: str) -> Response:
-        start = time.perf_counter()
+    def _label(self, name: str | None) -> str:
         # Unknown names share one label value so a scan of made-up names cannot blow up
         # the metrics' cardinality.
-        label = name if name in self.models or name in self.loading else UNKNOWN_MODEL_LABEL
-        status, version, prediction = 500, "", None
+        known = name is not None and (name in self.models or name in self.loading)
+        return name if known and name is not None else UNKNOWN_MODEL_LABEL
+
+    async def serve_inference(
+        self,
+        request: Request,
+        name: str | None,
+        parse: Parse,
+        render: Render,
+        version: str | None = None,
+    ) -> Response:
+        """One inference call in any protocol: ``parse`` turns the body into texts (and,
+        with ``name`` None, names the model), ``render`` the prediction into the
+        protocol's JSON. ``version`` pins a version (else ``x-model-version`` may). Every
+        protocol shares the routing, the metrics and the canary's counters."""
+        start = time.perf_counter()
+        status, served_version, prediction = 500, "", None
         runtime: ModelRuntime | None = None
+        label = self._label(name)
         try:
-            model = self._model(name)
+            if name is not None:
+                self._model(name)  # an unknown model is refused before its body is read
             check_content_type(request.headers.get("content-type"))
             body = await read_body(request, self.settings.max_body_bytes)
-            parsed = parse_predict(body, self.limits)
-            runtime = model.pick(
-                request.headers.get("x-routing-key"), request.headers.get("x-model-version")
-            )
-            version = runtime.served.version
+            parsed = parse(body, self.limits)
+            name = name if name is not None else parsed.model
+            label = self._label(name)
+            model = self._model(name or "")
+            pinned = version or request.headers.get("x-model-version")
+            runtime = model.pick(request.headers.get("x-routing-key"), pinned)
+            served_version = runtime.served.version
             prediction = await runtime.predict(parsed.texts, parsed.parameters, self.backend)
-            payload = {"model": model.name, "version": version, "outputs": prediction.outputs}
-            response = json_response(payload)
+            response = json_response(render(Answer(model, runtime, prediction, parsed)))
             total_s = time.perf_counter() - start
             response.headers.update(_timing_headers(prediction, total_s, runtime))
             status = 200
@@ -160,13 +174,13 @@ class Frontend:
             raise
         finally:
             seconds = time.perf_counter() - start
-            self.telemetry.request(label, version, status, prediction, seconds)
+            self.telemetry.request(label, served_version, status, prediction, seconds)
             if runtime is not None:
                 # A 499 is no error of the version's, but its wait is a latency of at least
                 # ``seconds``: a canary that hangs until clients give up still gets judged.
                 self.monitors.record(runtime, status, seconds, prediction)
 
-    async def _readyz(self) -> Response:
+    async def _readyz(self, request: Request) -> Response:
         runtimes = [r for m in self.models.values() for r in m.versions]
         if not runtimes:
             raise BackendUnavailable("no model is served yet")
@@ -190,10 +204,23 @@ class Frontend:
         return True
 
 
-def _allow(method: str, allowed: str) -> None:
-    # HEAD is a GET without its body (uvicorn leaves the body out): `curl -I` and probes.
-    if method != allowed and not (method == "HEAD" and allowed == "GET"):
-        raise MethodNotAllowed(f"method {method} is not allowed here; use {allowed}")
+def _predict_payload(answer: Answer) -> dict[str, Any]:
+    return {
+        "model": answer.model.name,
+        "version": answer.runtime.served.version,
+        "outputs": answer.prediction.outputs,
+    }
+
+
+ROUTES = Routes(
+    Route("POST", "/v1/models/{name}/predict", "_predict_named"),
+    Route("POST", "/predict", "_predict_default"),
+    Route("GET", "/v1/models/{name}", "_describe"),
+    Route("GET", "/v1/models", "_list"),
+    Route("GET", "/healthz", "_healthz"),
+    Route("GET", "/readyz", "_readyz"),
+    Route("GET", "/openapi.json", "_openapi"),
+)
 
 
 def _timing_headers(prediction: Prediction, total_s: float, runtime: ModelRuntime) -> dict:

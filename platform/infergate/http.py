@@ -19,6 +19,7 @@ from starlette.responses import Response
 from infergate.errors import ClientClosedRequest, InfergateError, PayloadTooLarge
 
 log = logging.getLogger(__name__)
+ErrorBody = Callable[[InfergateError], dict[str, Any]]
 JSON = "application/json"
 
 
@@ -27,22 +28,27 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(content, status_code=status, headers=headers, media_type=JSON)
 
 
-def error_response(error: InfergateError) -> Response:
-    return json_response(error.to_body(), status=error.status, headers=error.headers() or None)
+def error_response(error: InfergateError, body: ErrorBody | None = None) -> Response:
+    """The error's status and headers; its body ``error.to_body()``, or in the shape
+    another protocol wants (``body``)."""
+    content = body(error) if body is not None else error.to_body()
+    return json_response(content, status=error.status, headers=error.headers() or None)
 
 
-async def answer(handle: Callable[[], Awaitable[Response]], what: str) -> Response:
+async def answer(
+    handle: Callable[[], Awaitable[Response]], what: str, body: ErrorBody | None = None
+) -> Response:
     """``handle()``'s response, or the error response of whatever it raised; ``what``
-    names the request in the log (``POST /predict``)."""
+    names the request in the log (``POST /predict``), ``body`` shapes error bodies."""
     try:
         return await handle()
     except InfergateError as error:
         if error.status >= 500:
             log.warning("%s failed: %s", what, error)
-        return error_response(error)
+        return error_response(error, body)
     except Exception:
         log.exception("unhandled error on %s", what)
-        return error_response(InfergateError("internal error"))
+        return error_response(InfergateError("internal error"), body)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

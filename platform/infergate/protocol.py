@@ -6,12 +6,17 @@ whose message says what was received and what is expected.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
+
+if TYPE_CHECKING:
+    from infergate.routing import ServedModel
+    from infergate.runtime import ModelRuntime, Prediction
 
 ALLOWED_KEYS = frozenset({"inputs", "parameters"})
 PARAMETERS = {"normalize": bool}
@@ -27,8 +32,27 @@ class Limits:
 
 @dataclass(frozen=True)
 class PredictRequest:
+    """What any protocol's body asks for; ``model`` where the body names it (OpenAI's)
+    rather than the path."""
+
     texts: list[str]
     parameters: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # the protocol's own options
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A prediction, with what a protocol's renderer needs to shape its reply."""
+
+    model: ServedModel
+    runtime: ModelRuntime
+    prediction: Prediction
+    request: PredictRequest
+
+
+Parse = Callable[[bytes, Limits], PredictRequest]
+Render = Callable[[Answer], Any]  # the JSON body
 
 
 def check_content_type(content_type: str | None) -> None:

@@ -26,7 +26,7 @@ from infergate.processes import descendants, free_ports, reap
 from network_hosts import Host, network_host, unavailable
 from tiny_models import tiny_bert
 
-ON_DEMAND = "INFERGATE_E2E_RAY_CLUSTER"
+ON_DEMAND = "RUN_RAY_CLUSTER_E2E"
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
@@ -125,7 +125,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             f"ray://{host.gateway}:{client_port}", http_port, head, env, workdir,
         )  # fmt: skip
         try:
-            wait_for(lambda: _answers(running), 90, "the Ray head")
+            try:
+                wait_for(lambda: _answers(running), 90, "the Ray head")
+            except AssertionError as error:
+                log = (workdir / "head.log").read_text(errors="replace")[-3000:]
+                raise AssertionError(
+                    f"{error}; last: {_last_errors[-1:]}; head log: {log}"
+                ) from None
             running.start_worker()
             yield running
         finally:
@@ -142,8 +148,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def _answers(cluster: Cluster) -> bool:
     try:
         return bool(cluster.nodes())
-    except Exception:  # the dashboard not up yet: refused, or not serving the API yet
+    except Exception as error:  # the dashboard not up yet: refused, or not serving the API yet
+        _last_errors.append(f"{type(error).__name__}: {error}")
         return False
+
+
+_last_errors: list[str] = []
 
 
 @pytest.fixture(scope="module")

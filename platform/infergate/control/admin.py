@@ -88,7 +88,8 @@ async def _routing_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     path = f"{request.method} {request.url.path}"
     if exc.status_code == 405:
-        return error_response(MethodNotAllowed(f"method not allowed: {path}"))
+        allow = (exc.headers or {}).get("Allow", "")
+        return error_response(MethodNotAllowed(f"method not allowed: {path}", allow))
     return error_response(RouteNotFound(f"no route {path}"))
 
 
