@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from infergate.errors import BackendUnavailable, InfergateError
+from infergate.errors import BackendUnavailable, InfergateError, Overloaded
 
 if TYPE_CHECKING:
     from infergate.config import FrontendSettings
@@ -59,6 +59,7 @@ class _Lane:
     """The requests waiting for one Triton model, and how many calls it has out."""
 
     waiting: deque[_Waiting] = field(default_factory=deque)
+    rows: int = 0  # in ``waiting``
     in_flight: int = 0
 
 
@@ -72,7 +73,13 @@ class BatchingBackend:
     """
 
     def __init__(
-        self, backend: Backend, *, max_rows: int, max_in_flight: int, full_calls_ahead: int = 0
+        self,
+        backend: Backend,
+        *,
+        max_rows: int,
+        max_in_flight: int,
+        full_calls_ahead: int = 0,
+        max_queued_rows: int | None = None,
     ) -> None:
         if max_rows < 1 or max_in_flight < 1:
             raise ValueError("max_rows and max_in_flight must be at least 1")
@@ -82,6 +89,7 @@ class BatchingBackend:
         self.max_rows = max_rows
         self.max_in_flight = max_in_flight
         self.full_calls_ahead = full_calls_ahead
+        self.max_queued_rows = max_queued_rows
         self._lanes: dict[str, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # strong references while they run
 
@@ -93,6 +101,7 @@ class BatchingBackend:
             max_rows=settings.batch_max_rows,
             max_in_flight=settings.batch_max_in_flight,
             full_calls_ahead=settings.batch_full_calls_ahead,
+            max_queued_rows=settings.max_queued_rows,
         )
 
     @property
@@ -114,7 +123,17 @@ class BatchingBackend:
             return np.concatenate(await asyncio.gather(*parts))
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         lane = self._lanes.setdefault(model, _Lane())
+        limit = self.max_queued_rows
+        if limit is not None and lane.waiting and lane.rows + rows > limit:
+            # Shed at once: a request queued behind this many would only wait longer, and
+            # the client may as well try another replica or come back.
+            raise Overloaded(
+                f"{lane.rows} texts already wait for model {model!r} on this replica "
+                f"(limit {limit}); retry shortly",
+                retry_after_s=1.0,
+            )
         lane.waiting.append(_Waiting(input_ids, attention_mask, output_name, future))
+        lane.rows += rows
         self._dispatch(model, lane)
         return await future
 
@@ -149,12 +168,14 @@ class BatchingBackend:
             head = lane.waiting[0]
             if head.future.done():  # cancelled: its client went away
                 lane.waiting.popleft()
+                lane.rows -= head.rows
                 continue
             if batch and (
                 rows + head.rows > self.max_rows or head.output_name != batch[0].output_name
             ):
                 break
             batch.append(lane.waiting.popleft())
+            lane.rows -= head.rows
             rows += head.rows
         return batch
 

@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from infergate import keys_cli
+from infergate.access import read_keys
 from infergate.bench import cli as bench_cli
 from infergate.config import TASKS, StackConfig, load_config
 from infergate.control import cli as canary_cli
@@ -53,6 +55,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise StackError(
             f"a stack already runs from {config.state_dir} (see stack.json there); "
             "stop it with `infergate down` first"
+        )
+    keys = config.frontend.api_keys_file
+    if keys is not None and not read_keys(keys).keys:  # also: refuses a broken file
+        raise StackError(
+            f"frontend.api_keys_file is {keys}, which holds no key: every request would get "
+            f"a 401. Add one with `infergate keys create NAME --file {keys}`"
         )
     if args.detach:
         return _up_detached(args, config)
@@ -276,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     canary_cli.add_commands(sub, common)
+    keys_cli.add_commands(sub, common)
     dashboards_cli.add_commands(sub)
     bench_cli.add_commands(sub)
     return parser

@@ -166,6 +166,29 @@ class FrontendSettings(Frozen):
         description="Where replicas keep tokenizers and metadata downloaded from MLflow.",
     )
     tracking_uri: str = Field("http://127.0.0.1:5000", description="MLflow tracking URI.")
+    api_keys_file: Path | None = Field(
+        None,
+        description="YAML file of API key digests (`infergate keys create`); set, every "
+        "inference and model endpoint wants a key. Unset: open to whoever reaches the port.",
+    )
+    rate_limit_burst_s: float = Field(
+        1.0, gt=0, description="Seconds of a key's rate it may spend at once."
+    )
+    body_timeout_s: float = Field(
+        10.0, gt=0, description="A request whose body is not in within this gets a 408."
+    )
+    max_slow_uploads: int = Field(
+        32,
+        ge=1,
+        description="Requests per replica whose body is still arriving after a moment; more "
+        "get a 408 at once, so slow clients cannot take every request slot.",
+    )
+    max_queued_rows: int = Field(
+        1024,
+        ge=1,
+        description="Texts per model and replica waiting for a Triton call; past it a request "
+        "gets a 429 at once instead of waiting ever longer.",
+    )
 
 
 class ServeSettings(Frozen):

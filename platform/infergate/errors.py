@@ -58,10 +58,30 @@ class UnsupportedMediaType(InfergateError):
 
 
 class Unauthorized(InfergateError):
-    """No valid credentials: an admin token, or a webhook's signature."""
+    """No valid credentials: an API key, an admin token, or a webhook's signature."""
 
     status = 401
     kind = "unauthorized"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}  # RFC 9110, 15.5.2: say how to authenticate
+
+
+class Forbidden(InfergateError):
+    """Valid credentials that do not cover what was asked (a model outside a key's scope)."""
+
+    status = 403
+    kind = "forbidden"
+
+
+class RequestTimeout(InfergateError):
+    """The client did not send its whole request in time (a slow or stalled upload)."""
+
+    status = 408
+    kind = "request_timeout"
+
+    def headers(self) -> dict[str, str]:
+        return {"Connection": "close"}
 
 
 class ModelNotFound(InfergateError):
@@ -109,6 +129,12 @@ class Overloaded(InfergateError):
         return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
 
+class RateLimited(Overloaded):
+    """An API key over its requests or texts per second."""
+
+    kind = "rate_limited"
+
+
 class ClientClosedRequest(InfergateError):
     """The client went away before its request was read (nginx's 499: nobody gets it)."""
 
@@ -147,6 +173,12 @@ class StackError(InfergateError):
     """The local stack could not start: a port in use, a missing binary, a dead process."""
 
     kind = "stack_error"
+
+
+class InvalidConfig(InfergateError):
+    """A configuration file the platform cannot use (the API key file, say)."""
+
+    kind = "invalid_config"
 
 
 class CommandFailed(InfergateError):

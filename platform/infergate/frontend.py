@@ -17,6 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from infergate.access import OPEN, Access, Caller
 from infergate.batching import Backend
 from infergate.config import FrontendSettings
 from infergate.errors import (
@@ -24,8 +25,9 @@ from infergate.errors import (
     ClientClosedRequest,
     InfergateError,
     ModelNotFound,
+    Overloaded,
 )
-from infergate.http import answer, error_response, json_response, read_body
+from infergate.http import SlowUploads, answer, error_response, json_response, read_body
 from infergate.metrics import TOTAL
 from infergate.monitor import Monitors
 from infergate.openapi import openapi_document
@@ -57,11 +59,14 @@ class Frontend:
         has_table: bool = True,
         loading: frozenset[str] = frozenset(),
         missing: tuple[str, ...] = (),
+        access: Access | None = None,
+        uploads: SlowUploads | None = None,
     ) -> None:
         """``has_table`` False: the control plane's traffic table has not arrived yet, so
         ``models`` is empty for now rather than for good. ``loading``: models of the table
         this replica cannot serve yet (it tries again); ``missing``: the versions of the
-        table it could not load, as ``name vN``."""
+        table it could not load, as ``name vN``. ``access`` (API keys and their limits)
+        and ``uploads`` (slow bodies) outlive a table, so the replica keeps them."""
         self.settings = settings
         self.has_table = has_table
         self.loading = loading
@@ -73,6 +78,8 @@ class Frontend:
             max_texts=settings.max_texts_per_request,
             max_chars_per_text=settings.max_chars_per_text,
         )
+        self.access = access or Access(None)
+        self.uploads = uploads or SlowUploads(settings.max_slow_uploads)
         self._probe = readiness_probe or self._answers
         self.telemetry = telemetry or NullTelemetry()
         self.monitors = monitors or Monitors(self.telemetry)
@@ -90,7 +97,13 @@ class Frontend:
                 return error_response(error)
             what = f"{request.method} {request.url.path}"
             handler = getattr(self, route.handler)
-            return await answer(lambda: handler(request, **params), what, route.error_body)
+
+            async def authenticated() -> Response:
+                if not route.public:
+                    request.state.caller = self.access.authenticate(request.headers)
+                return await handler(request, **params)
+
+            return await answer(authenticated, what, route.error_body)
         finally:
             self.in_flight -= 1
 
@@ -102,10 +115,10 @@ class Frontend:
         return await self.serve_inference(request, name, parse_predict, _predict_payload)
 
     async def _describe(self, request: Request, name: str) -> Response:
-        return json_response(self._model(name).describe())
+        return json_response(self.model_for(request, name).describe())
 
     async def _list(self, request: Request) -> Response:
-        return json_response({"models": [m.describe() for m in self.models.values()]})
+        return json_response({"models": [m.describe() for m in self.visible(request)]})
 
     async def _healthz(self, request: Request) -> Response:
         return json_response({"status": "ok"})
@@ -125,6 +138,16 @@ class Frontend:
             known = ", ".join(sorted(self.models)) or "none yet"
             raise ModelNotFound(f"model {name!r} is not served; served models: {known}")
         return model
+
+    def model_for(self, request: Request, name: str) -> ServedModel:
+        """The served model ``name``, if the request's API key may use it."""
+        _caller(request).check_model(name)
+        return self._model(name)
+
+    def visible(self, request: Request) -> list[ServedModel]:
+        """The served models the request's API key may use."""
+        key = _caller(request).key
+        return [m for m in self.models.values() if key is None or key.may_use(m.name)]
 
     def _label(self, name: str | None) -> str:
         # Unknown names share one label value so a scan of made-up names cannot blow up
@@ -148,15 +171,22 @@ class Frontend:
         status, served_version, prediction = 500, "", None
         runtime: ModelRuntime | None = None
         label = self._label(name)
+        caller = _caller(request)
         try:
             if name is not None:
-                self._model(name)  # an unknown model is refused before its body is read
+                self.model_for(request, name)  # refused before its body is read
             check_content_type(request.headers.get("content-type"))
-            body = await read_body(request, self.settings.max_body_bytes)
+            body = await read_body(
+                request,
+                self.settings.max_body_bytes,
+                timeout_s=self.settings.body_timeout_s,
+                slow=self.uploads,
+            )
             parsed = parse(body, self.limits)
             name = name if name is not None else parsed.model
             label = self._label(name)
-            model = self._model(name or "")
+            model = self.model_for(request, name or "")
+            self.access.admit(caller, len(parsed.texts))
             pinned = version or request.headers.get("x-model-version")
             runtime = model.pick(request.headers.get("x-routing-key"), pinned)
             served_version = runtime.served.version
@@ -175,7 +205,11 @@ class Frontend:
         finally:
             seconds = time.perf_counter() - start
             self.telemetry.request(label, served_version, status, prediction, seconds)
-            if runtime is not None:
+            if caller.key is not None:
+                self.telemetry.caller(caller.id, label, status)
+            # A request shed for load was never the version's to answer: the canary's
+            # analysis must not count it, as an error or as a (short) latency.
+            if runtime is not None and status != Overloaded.status:
                 # A 499 is no error of the version's, but its wait is a latency of at least
                 # ``seconds``: a canary that hangs until clients give up still gets judged.
                 self.monitors.record(runtime, status, seconds, prediction)
@@ -204,6 +238,10 @@ class Frontend:
         return True
 
 
+def _caller(request: Request) -> Caller:
+    return getattr(request.state, "caller", OPEN)
+
+
 def _predict_payload(answer: Answer) -> dict[str, Any]:
     return {
         "model": answer.model.name,
@@ -217,9 +255,9 @@ ROUTES = Routes(
     Route("POST", "/predict", "_predict_default"),
     Route("GET", "/v1/models/{name}", "_describe"),
     Route("GET", "/v1/models", "_list"),
-    Route("GET", "/healthz", "_healthz"),
-    Route("GET", "/readyz", "_readyz"),
-    Route("GET", "/openapi.json", "_openapi"),
+    Route("GET", "/healthz", "_healthz", public=True),
+    Route("GET", "/readyz", "_readyz", public=True),
+    Route("GET", "/openapi.json", "_openapi", public=True),
 )
 
 

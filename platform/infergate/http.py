@@ -8,6 +8,7 @@ whose body hides internals.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,7 +17,12 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from infergate.errors import ClientClosedRequest, InfergateError, PayloadTooLarge
+from infergate.errors import (
+    ClientClosedRequest,
+    InfergateError,
+    PayloadTooLarge,
+    RequestTimeout,
+)
 
 log = logging.getLogger(__name__)
 ErrorBody = Callable[[InfergateError], dict[str, Any]]
@@ -51,11 +57,64 @@ async def answer(
         return error_response(InfergateError("internal error"), body)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """Read at most ``limit`` bytes: a huge body is refused before it is all in memory."""
+class SlowUploads:
+    """How many requests of one server may still be sending their body after
+    ``grace_s``. A client on a working network sends a request of a megabyte well within
+    that; a client that dribbles (by accident or on purpose) holds a request slot as long
+    as it likes, so past ``limit`` of them the newest is refused at once and the slots stay
+    free for everyone else."""
+
+    def __init__(self, limit: int, grace_s: float = 0.5) -> None:
+        self.limit = limit
+        self.grace_s = grace_s
+        self.active = 0
+
+
+async def read_body(
+    request: Request,
+    limit: int,
+    *,
+    timeout_s: float | None = None,
+    slow: SlowUploads | None = None,
+) -> bytes:
+    """Read at most ``limit`` bytes: a huge body is refused before it is all in memory.
+    ``timeout_s`` bounds the whole read (408 past it); ``slow`` bounds the reads still
+    going after its grace period."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")
+    if timeout_s is None:
+        return await _collect(request, limit)
+    reading = asyncio.ensure_future(_collect(request, limit))
+    try:
+        grace_s = min(slow.grace_s, timeout_s) if slow is not None else timeout_s
+        done, _ = await asyncio.wait({reading}, timeout=grace_s)
+        if done:
+            return reading.result()
+        if slow is None:
+            raise _too_slow(timeout_s)
+        if slow.active >= slow.limit:
+            raise RequestTimeout(
+                f"the request body did not arrive within {grace_s:g} s while {slow.active} "
+                "other slow uploads are under way; send the body at once"
+            )
+        slow.active += 1
+        try:
+            done, _ = await asyncio.wait({reading}, timeout=timeout_s - grace_s)
+        finally:
+            slow.active -= 1
+        if done:
+            return reading.result()
+        raise _too_slow(timeout_s)
+    finally:
+        reading.cancel()
+
+
+def _too_slow(timeout_s: float) -> RequestTimeout:
+    return RequestTimeout(f"the request body did not arrive within {timeout_s:g} s")
+
+
+async def _collect(request: Request, limit: int) -> bytes:
     chunks, size = [], 0
     try:
         async for chunk in request.stream():

@@ -109,6 +109,12 @@ DRIFT = Metric(
     "Drift of live traffic against the registration reference (PSI and friends).",
     (*MV, "feature", "method"),
 )
+KEY_REQUESTS = Metric(
+    "api_key_requests_total",
+    "counter",
+    "Requests by API key id (never the key) and outcome, when API keys are on.",
+    ("key", "model", "status"),
+)
 ROLLOUT_WEIGHT = Metric(
     "rollout_weight", "gauge", "Traffic weight of a served version, percent.", (*MV, "role")
 )
@@ -129,6 +135,7 @@ FRONTEND = (
     CONFIDENCE,
     EMBEDDING_NORM,
     DRIFT,
+    KEY_REQUESTS,
     ROLLOUT_WEIGHT,
 )
 ALL = (*FRONTEND, ROLLOUT_DECISIONS)

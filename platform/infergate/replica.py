@@ -25,11 +25,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from infergate.access import Access
 from infergate.batching import BatchingBackend
 from infergate.config import FrontendSettings
 from infergate.errors import BackendUnavailable
 from infergate.frontend import Frontend
-from infergate.http import error_response
+from infergate.http import SlowUploads, error_response
 from infergate.monitor import Monitors
 from infergate.registry import Registry
 from infergate.routing import ServedModel
@@ -83,6 +84,8 @@ class Replica:
         self._load_version = load
         self._clock = clock
         self.settings: FrontendSettings | None = None
+        self.access = Access(None)  # API keys and their buckets: they outlive tables
+        self.uploads = SlowUploads(FrontendSettings().max_slow_uploads)
         self.frontend: Frontend | None = None
         self.backend: BatchingBackend | None = None
         self.loaded: dict[Key, ModelRuntime] = {}
@@ -101,6 +104,12 @@ class Replica:
         """New settings: a new Triton client if its address or deadline changed, a new
         batcher, and the current table built again with them."""
         self.settings = settings
+        if (self.access.path, self.access.burst_s) != (
+            settings.api_keys_file,
+            settings.rate_limit_burst_s,
+        ):
+            self.access = Access(settings.api_keys_file, burst_s=settings.rate_limit_burst_s)
+        self.uploads.limit = settings.max_slow_uploads
         triton = self.backend.backend if self.backend else None
         if triton is None or (triton.url, triton.timeout_s) != (
             settings.triton_grpc_url,
@@ -215,6 +224,7 @@ class Replica:
             self.settings, self.backend, models, telemetry=self.telemetry,
             monitors=self.monitors, has_table=table_version > 0, loading=frozenset(loading),
             missing=tuple(f"{name} v{version}" for name, version in sorted(failed)),
+            access=self.access, uploads=self.uploads,
         )  # fmt: skip
         self.loaded, self.served, self.table_version = runtimes, served, table_version
         self.unloadable, self._retried_at = failed, self._clock()

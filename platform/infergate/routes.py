@@ -21,12 +21,14 @@ def _default_error_body(error: InfergateError) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Route:
     """``handler`` names a method of the front-end, called with the path's parameters;
-    ``error_body`` shapes the errors of the route's protocol."""
+    ``error_body`` shapes the errors of the route's protocol; ``public`` routes (probes,
+    the API's description) answer without an API key."""
 
     method: str
     pattern: str
     handler: str
     error_body: ErrorBody = _default_error_body
+    public: bool = False
     regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -87,14 +87,16 @@ class FrontendDeployment:
         while True:
             if self._replica.settings is not None:
                 try:
-                    self._report()
+                    replicas = await self._report()
+                    self._replica.access.set_replicas(replicas)
                     self._replica.refresh_gauges()
                 except Exception:
                     log.exception("reporting to the control plane failed")
             await asyncio.sleep(REPORT_INTERVAL_S)
 
-    def _report(self) -> None:
-        self._state.report.remote(self._id, self._replica.adopted, self._replica.counters())
+    def _report(self) -> Any:
+        """Report to the control plane; awaited, the count of live front-end replicas."""
+        return self._state.report.remote(self._id, self._replica.adopted, self._replica.counters())
 
     async def __call__(self, request: Request) -> Response:
         return await self._replica.handle(request)

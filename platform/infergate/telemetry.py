@@ -34,6 +34,8 @@ class Telemetry(Protocol):
         self, model: str, version: str, status: int, prediction: Prediction | None, total_s: float
     ) -> None: ...
 
+    def caller(self, key: str, model: str, status: int) -> None: ...
+
     def drift(self, model: str, version: str, scores: dict[tuple[str, str], float]) -> None: ...
 
     def weight(self, model: str, version: str, role: str, weight: float) -> None: ...
@@ -43,6 +45,9 @@ class Telemetry(Protocol):
 
 class NullTelemetry:
     def request(self, *args: Any) -> None:
+        pass
+
+    def caller(self, *args: Any) -> None:
         pass
 
     def drift(self, *args: Any) -> None:
@@ -161,6 +166,9 @@ class RayTelemetry:
             for stage, seconds in prediction.timings.stages():
                 totals.observe(m.DURATION, (*mv, stage.name), (seconds,))
             self._outputs(mv, prediction)
+
+    def caller(self, key: str, model: str, status: int) -> None:
+        self.totals.inc(m.KEY_REQUESTS, (key, model, str(status)))
 
     def _outputs(self, mv: Labels, prediction: Prediction) -> None:
         totals = self.totals

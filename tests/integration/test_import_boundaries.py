@@ -13,6 +13,7 @@ import sys
 import pytest
 
 CORE = (
+    "infergate.access",
     "infergate.batching",
     "infergate.config",
     "infergate.control.policy",
@@ -28,6 +29,7 @@ CORE = (
     "infergate.protocol",
     "infergate.reference",
     "infergate.replica_logs",
+    "infergate.routes",
     "infergate.routing",
     "infergate.runtime",
     "infergate.telemetry",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from infergate.batching import BatchingBackend
-from infergate.errors import BackendUnavailable, InfergateError
+from infergate.errors import BackendUnavailable, InfergateError, Overloaded
 
 
 class HeldBackend:
@@ -257,3 +257,23 @@ def test_a_batcher_is_idle_once_nothing_waits_and_no_call_is_out():
         return seen
 
     assert asyncio.run(scenario()) == [True, False, True]
+
+
+def test_past_the_queue_bound_a_request_is_shed_at_once_and_the_queue_drains():
+    async def scenario() -> None:
+        backend = HeldBackend()
+        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1, max_queued_rows=3)
+        out = send(batching, [1])  # sent at once: it is not queued
+        await settle()
+        waiting = [send(batching, [2], [3]), send(batching, [4])]  # 3 rows wait: the bound
+        await settle()
+        with pytest.raises(Overloaded, match="3 texts already wait") as caught:
+            await batching.infer("m", *tokens([5]), "out")
+        assert caught.value.status == 429
+        other = send(batching, [6], model="other")  # another model's lane has room
+        backend.release.set()
+        await asyncio.gather(out, *waiting, other)
+        assert batching.idle
+        await batching.infer("m", *tokens([7]), "out")  # drained: taken again
+
+    asyncio.run(scenario())

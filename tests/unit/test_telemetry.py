@@ -72,6 +72,7 @@ def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
                                                 ["neg", "pos"]), 0.004)  # fmt: skip
     telemetry.request("e", "1", 200, prediction(np.ones((3, 8)), []), 0.003)
     telemetry.request("s", "1", 404, None, 0.001)
+    telemetry.caller("search-team", "s", 429)
     assert not any(g.values for g in gauges.values())  # nothing reaches Ray before a flush
     telemetry.flush()
 

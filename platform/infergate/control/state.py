@@ -39,8 +39,12 @@ class ControlState:
         """The table if it is newer than ``known``; None otherwise (the common case)."""
         return (self.version, self.served) if self.version > known else None
 
-    def report(self, replica: str, table_version: int, counters: dict[str, dict]) -> None:
-        self.reports[replica] = (time.monotonic(), table_version, counters)
+    def report(self, replica: str, table_version: int, counters: dict[str, dict]) -> int:
+        """Take a replica's report; the replicas heard from lately (they share each API
+        key's rate limit)."""
+        now = time.monotonic()
+        self.reports[replica] = (now, table_version, counters)
+        return sum(now - seen < REPLICA_SILENT_AFTER_S for seen, _, _ in self.reports.values())
 
     def snapshot(self) -> list[dict[str, dict]]:
         return [counters for _, _, counters in self.reports.values()]
