@@ -17,6 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from infergate import openai_api
 from infergate.batching import Backend
 from infergate.config import FrontendSettings
 from infergate.errors import (
@@ -29,7 +30,15 @@ from infergate.http import answer, error_response, json_response, read_body
 from infergate.metrics import TOTAL
 from infergate.monitor import Monitors
 from infergate.openapi import openapi_document
-from infergate.protocol import Answer, Limits, Parse, Render, check_content_type, parse_predict
+from infergate.protocol import (
+    Answer,
+    Check,
+    Limits,
+    Parse,
+    Render,
+    check_content_type,
+    parse_predict,
+)
 from infergate.routes import Route, Routes
 from infergate.routing import ServedModel
 from infergate.runtime import ModelRuntime, Prediction
@@ -101,6 +110,21 @@ class Frontend:
         name = self.settings.default_model
         return await self.serve_inference(request, name, parse_predict, _predict_payload)
 
+    async def _openai_embeddings(self, request: Request) -> Response:
+        return await self.serve_inference(
+            request,
+            None,
+            openai_api.parse_embeddings,
+            openai_api.render_embeddings,
+            check=openai_api.refuse_unless_embeddings,
+        )
+
+    async def _openai_models(self, request: Request) -> Response:
+        return json_response(openai_api.model_list(self.models.values()))
+
+    async def _openai_model(self, request: Request, model: str) -> Response:
+        return json_response(openai_api.model_entry(self._model(model)))
+
     async def _describe(self, request: Request, name: str) -> Response:
         return json_response(self._model(name).describe())
 
@@ -139,11 +163,13 @@ class Frontend:
         parse: Parse,
         render: Render,
         version: str | None = None,
+        check: Check | None = None,
     ) -> Response:
         """One inference call in any protocol: ``parse`` turns the body into texts (and,
         with ``name`` None, names the model), ``render`` the prediction into the
-        protocol's JSON. ``version`` pins a version (else ``x-model-version`` may). Every
-        protocol shares the routing, the metrics and the canary's counters."""
+        protocol's JSON. ``version`` pins a version (else ``x-model-version`` may);
+        ``check`` may refuse the version picked before it runs. Every protocol shares the
+        routing, the metrics and the canary's counters."""
         start = time.perf_counter()
         status, served_version, prediction = 500, "", None
         runtime: ModelRuntime | None = None
@@ -160,6 +186,8 @@ class Frontend:
             pinned = version or request.headers.get("x-model-version")
             runtime = model.pick(request.headers.get("x-routing-key"), pinned)
             served_version = runtime.served.version
+            if check is not None:
+                check(parsed, runtime)
             prediction = await runtime.predict(parsed.texts, parsed.parameters, self.backend)
             response = json_response(render(Answer(model, runtime, prediction, parsed)))
             total_s = time.perf_counter() - start
@@ -220,6 +248,12 @@ ROUTES = Routes(
     Route("GET", "/healthz", "_healthz"),
     Route("GET", "/readyz", "_readyz"),
     Route("GET", "/openapi.json", "_openapi"),
+    # OpenAI's API, for its clients (base_url ".../openai/v1"); its model list has its own
+    # path because /v1/models is ours.
+    Route("POST", "/v1/embeddings", "_openai_embeddings", openai_api.error_body),
+    Route("POST", "/openai/v1/embeddings", "_openai_embeddings", openai_api.error_body),
+    Route("GET", "/openai/v1/models", "_openai_models", openai_api.error_body),
+    Route("GET", "/openai/v1/models/{model}", "_openai_model", openai_api.error_body),
 )
 
 

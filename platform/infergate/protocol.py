@@ -53,6 +53,9 @@ class Answer:
 
 Parse = Callable[[bytes, Limits], PredictRequest]
 Render = Callable[[Answer], Any]  # the JSON body
+# A protocol's own refusals of the version picked to answer, before it runs (OpenAI's
+# embeddings refuse a classifier, or more dimensions than the model has).
+Check = Callable[[PredictRequest, "ModelRuntime"], None]
 
 
 def check_content_type(content_type: str | None) -> None:
