@@ -14,10 +14,12 @@ class InfergateError(Exception):
 
     status: int = 500
     kind: str = "internal_error"
+    param: str | None = None  # the request field at fault, where there is one
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param
 
     def to_body(self) -> dict[str, str]:
         return {"error": self.message, "type": self.kind}

@@ -17,6 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from infergate import openai_api
 from infergate.access import OPEN, Access, Caller
 from infergate.batching import Backend
 from infergate.config import FrontendSettings
@@ -31,7 +32,15 @@ from infergate.http import SlowUploads, answer, error_response, json_response, r
 from infergate.metrics import TOTAL
 from infergate.monitor import Monitors
 from infergate.openapi import openapi_document
-from infergate.protocol import Answer, Limits, Parse, Render, check_content_type, parse_predict
+from infergate.protocol import (
+    Answer,
+    Check,
+    Limits,
+    Parse,
+    Render,
+    check_content_type,
+    parse_predict,
+)
 from infergate.routes import Route, Routes
 from infergate.routing import ServedModel
 from infergate.runtime import ModelRuntime, Prediction
@@ -114,6 +123,21 @@ class Frontend:
         name = self.settings.default_model
         return await self.serve_inference(request, name, parse_predict, _predict_payload)
 
+    async def _openai_embeddings(self, request: Request) -> Response:
+        return await self.serve_inference(
+            request,
+            None,
+            openai_api.parse_embeddings,
+            openai_api.render_embeddings,
+            check=openai_api.refuse_unless_embeddings,
+        )
+
+    async def _openai_models(self, request: Request) -> Response:
+        return json_response(openai_api.model_list(self.visible(request)))
+
+    async def _openai_model(self, request: Request, model: str) -> Response:
+        return json_response(openai_api.model_entry(self.model_for(request, model)))
+
     async def _describe(self, request: Request, name: str) -> Response:
         return json_response(self.model_for(request, name).describe())
 
@@ -162,11 +186,13 @@ class Frontend:
         parse: Parse,
         render: Render,
         version: str | None = None,
+        check: Check | None = None,
     ) -> Response:
         """One inference call in any protocol: ``parse`` turns the body into texts (and,
         with ``name`` None, names the model), ``render`` the prediction into the
-        protocol's JSON. ``version`` pins a version (else ``x-model-version`` may). Every
-        protocol shares the routing, the metrics and the canary's counters."""
+        protocol's JSON. ``version`` pins a version (else ``x-model-version`` may);
+        ``check`` may refuse the version picked before it runs. Every protocol shares the
+        routing, the metrics and the canary's counters."""
         start = time.perf_counter()
         status, served_version, prediction = 500, "", None
         runtime: ModelRuntime | None = None
@@ -190,6 +216,8 @@ class Frontend:
             pinned = version or request.headers.get("x-model-version")
             runtime = model.pick(request.headers.get("x-routing-key"), pinned)
             served_version = runtime.served.version
+            if check is not None:
+                check(parsed, runtime)
             prediction = await runtime.predict(parsed.texts, parsed.parameters, self.backend)
             response = json_response(render(Answer(model, runtime, prediction, parsed)))
             total_s = time.perf_counter() - start
@@ -258,6 +286,12 @@ ROUTES = Routes(
     Route("GET", "/healthz", "_healthz", public=True),
     Route("GET", "/readyz", "_readyz", public=True),
     Route("GET", "/openapi.json", "_openapi", public=True),
+    # OpenAI's API, for its clients (base_url ".../openai/v1"); its model list has its own
+    # path because /v1/models is ours.
+    Route("POST", "/v1/embeddings", "_openai_embeddings", openai_api.error_body),
+    Route("POST", "/openai/v1/embeddings", "_openai_embeddings", openai_api.error_body),
+    Route("GET", "/openai/v1/models", "_openai_models", openai_api.error_body),
+    Route("GET", "/openai/v1/models/{model}", "_openai_model", openai_api.error_body),
 )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -58,6 +58,64 @@ class ErrorBody(BaseModel):
     type: str = Field(description="A stable machine-readable kind, e.g. invalid_input.")
 
 
+class EmbeddingsBody(BaseModel):
+    """OpenAI's embeddings request; token-id inputs are refused."""
+
+    model: str = Field(description="A served embedding model.", examples=["embed"])
+    input: str | list[str] = Field(
+        description="One text, or a list of texts (one embedding per text).",
+        examples=["A sentence to embed", ["first text", "second text"]],
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: the little-endian float32 bytes of each vector."
+    )
+    dimensions: int | None = Field(
+        None, ge=1, description="Keep the first dimensions, then scale to unit length."
+    )
+    user: str | None = Field(None, description="Accepted and ignored.")
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="A unit vector, or its base64 bytes.")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = Field(description="Tokens the model saw, special tokens included.")
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int = Field(description="Always 0: the front-end does not know.")
+    owned_by: str
+
+
+class OpenAIModelList(BaseModel):
+    object: Literal["list"]
+    data: list[OpenAIModel]
+
+
+class OpenAIError(BaseModel):
+    message: str = Field(description="What was wrong and how to fix it.")
+    type: str = Field(description="invalid_request_error, rate_limit_error or server_error.")
+    param: str | None = Field(description="The request field at fault, if one is.")
+    code: str = Field(description="The kind, as in ErrorBody's type.")
+
+
+class OpenAIErrorBody(BaseModel):
+    error: OpenAIError
+
+
 def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
@@ -94,11 +152,22 @@ def _predict_operation(summary: str) -> dict[str, Any]:
     }
 
 
+def _embeddings_operation() -> dict[str, Any]:
+    responses = {"200": {**_json(EmbeddingsResponse, "Embeddings"), "headers": TIMING_HEADERS}}
+    responses.update({code: _json(OpenAIErrorBody, text) for code, text in ERRORS.items()})
+    return {
+        "summary": "Embeddings in OpenAI's API",
+        "requestBody": {"required": True, **_json(EmbeddingsBody, "Model and texts")},
+        "responses": responses,
+    }
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [
         PredictBody, Classification, PredictResponse, VersionInfo, ModelInfo, ModelList,
-        ErrorBody,
+        ErrorBody, EmbeddingsBody, Embedding, Usage, EmbeddingsResponse, OpenAIModel,
+        OpenAIModelList, OpenAIError, OpenAIErrorBody,
     ]  # fmt: skip
     schemas: dict[str, Any] = {}
     for model in models:
@@ -106,6 +175,7 @@ def openapi_document() -> dict[str, Any]:
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
     name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+    model_name = {**name, "name": "model"}
     return {
         "openapi": "3.1.0",
         "info": {"title": "infergate", "version": __version__},
@@ -131,6 +201,20 @@ def openapi_document() -> dict[str, Any]:
                         "200": {"description": "Every served version answers"},
                         "503": _json(ErrorBody, "Some version is not ready"),
                     }
+                }
+            },
+            "/v1/embeddings": {"post": _embeddings_operation()},
+            "/openai/v1/embeddings": {"post": _embeddings_operation()},
+            "/openai/v1/models": {
+                "get": {"responses": {"200": _json(OpenAIModelList, "Served models")}}
+            },
+            "/openai/v1/models/{model}": {
+                "get": {
+                    "parameters": [model_name],
+                    "responses": {
+                        "200": _json(OpenAIModel, "One served model"),
+                        "404": _json(OpenAIErrorBody, "Unknown model"),
+                    },
                 }
             },
         },

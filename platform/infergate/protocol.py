@@ -53,6 +53,9 @@ class Answer:
 
 Parse = Callable[[bytes, Limits], PredictRequest]
 Render = Callable[[Answer], Any]  # the JSON body
+# A protocol's own refusals of the version picked to answer, before it runs (OpenAI's
+# embeddings refuse a classifier, or more dimensions than the model has).
+Check = Callable[[PredictRequest, "ModelRuntime"], None]
 
 
 def check_content_type(content_type: str | None) -> None:
@@ -83,12 +86,23 @@ def _charset(options: str) -> str | None:
 
 def parse_predict(body: bytes, limits: Limits) -> PredictRequest:
     """Turn the raw body of a predict call into texts, or raise a typed error."""
+    payload = json_object(body, limits, EXAMPLE)
+    refuse_unknown_fields(payload, ALLOWED_KEYS)
+    if "inputs" not in payload:
+        raise InvalidInput(f"field 'inputs' is missing; expected {EXAMPLE}", param="inputs")
+    texts = validate_texts(payload["inputs"], limits, "inputs")
+    return PredictRequest(texts=texts, parameters=_parameters(payload.get("parameters")))
+
+
+def json_object(body: bytes, limits: Limits, example: str) -> dict[str, Any]:
+    """The body as a JSON object, or a typed error naming what was wrong with it (size,
+    emptiness, encoding, syntax, shape); ``example`` shows a good body."""
     if len(body) > limits.max_body_bytes:
         raise PayloadTooLarge(
             f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes} bytes"
         )
     if not body.strip():
-        raise MalformedBody(f"request body is empty; expected JSON such as {EXAMPLE}")
+        raise MalformedBody(f"request body is empty; expected JSON such as {example}")
     try:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -100,41 +114,49 @@ def parse_predict(body: bytes, limits: Limits) -> PredictRequest:
     except orjson.JSONDecodeError as exc:
         raise MalformedBody(f"request body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
-        raise InvalidInput(f"expected a JSON object such as {EXAMPLE}, got {_json_type(payload)}")
-    unknown = sorted(set(payload) - ALLOWED_KEYS)
+        raise InvalidInput(f"expected a JSON object such as {example}, got {json_type(payload)}")
+    return payload
+
+
+def refuse_unknown_fields(payload: dict[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(set(payload) - allowed)
     if unknown:
-        raise InvalidInput(f"unknown field(s) {unknown}; allowed fields are 'inputs', 'parameters'")
-    if "inputs" not in payload:
-        raise InvalidInput(f"field 'inputs' is missing; expected {EXAMPLE}")
-    texts = _texts(payload["inputs"], limits)
-    return PredictRequest(texts=texts, parameters=_parameters(payload.get("parameters")))
+        known = ", ".join(repr(key) for key in sorted(allowed))
+        raise InvalidInput(
+            f"unknown field(s) {unknown}; allowed fields are {known}", param=unknown[0]
+        )
 
 
-def _texts(inputs: Any, limits: Limits) -> list[str]:
+def validate_texts(inputs: Any, limits: Limits, field: str) -> list[str]:
+    """One text or a list of texts, each a non-blank string within the limits; errors
+    name the body's ``field`` (``'inputs[2]'``)."""
     if isinstance(inputs, str):
         texts = [inputs]
     elif isinstance(inputs, list):
         if not inputs:
-            raise InvalidInput("'inputs' is an empty list; send at least one text")
+            raise InvalidInput(f"'{field}' is an empty list; send at least one text", param=field)
         if len(inputs) > limits.max_texts:
             raise PayloadTooLarge(
-                f"'inputs' holds {len(inputs)} texts; the limit is {limits.max_texts} per request"
+                f"'{field}' holds {len(inputs)} texts; the limit is {limits.max_texts} per request",
+                param=field,
             )
         texts = inputs
     else:
         raise InvalidInput(
-            f"'inputs' must be a string or a list of strings, got {_json_type(inputs)}"
+            f"'{field}' must be a string or a list of strings, got {json_type(inputs)}",
+            param=field,
         )
     for index, text in enumerate(texts):
-        where = "'inputs'" if isinstance(inputs, str) else f"'inputs[{index}]'"
+        where = f"'{field}'" if isinstance(inputs, str) else f"'{field}[{index}]'"
         if not isinstance(text, str):
-            raise InvalidInput(f"{where} must be a string, got {_json_type(text)}")
+            raise InvalidInput(f"{where} must be a string, got {json_type(text)}", param=field)
         if not text or text.isspace():  # the model would see [CLS] [SEP] alone
-            raise InvalidInput(f"{where} is empty or only whitespace; send some text")
+            raise InvalidInput(f"{where} is empty or only whitespace; send some text", param=field)
         if len(text) > limits.max_chars_per_text:
             raise PayloadTooLarge(
                 f"{where} has {len(text)} characters; the limit is "
-                f"{limits.max_chars_per_text} per text"
+                f"{limits.max_chars_per_text} per text",
+                param=field,
             )
     return texts
 
@@ -143,7 +165,9 @@ def _parameters(parameters: Any) -> dict[str, Any]:
     if parameters is None:
         return {}
     if not isinstance(parameters, dict):
-        raise InvalidInput(f"'parameters' must be an object, got {_json_type(parameters)}")
+        raise InvalidInput(
+            f"'parameters' must be an object, got {json_type(parameters)}", param="parameters"
+        )
     for key, value in parameters.items():
         expected = PARAMETERS.get(key)
         if expected is None:
@@ -153,12 +177,12 @@ def _parameters(parameters: Any) -> dict[str, Any]:
             )
         if not isinstance(value, expected):
             raise InvalidInput(
-                f"parameter {key!r} must be {expected.__name__}, got {_json_type(value)}"
+                f"parameter {key!r} must be {expected.__name__}, got {json_type(value)}"
             )
     return parameters
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):

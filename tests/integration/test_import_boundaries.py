@@ -24,6 +24,7 @@ CORE = (
     "infergate.http",
     "infergate.metrics",
     "infergate.monitor",
+    "infergate.openai_api",
     "infergate.openapi",
     "infergate.postprocess",
     "infergate.protocol",
