@@ -21,6 +21,7 @@ CORE = (
     "infergate.errors",
     "infergate.frontend",
     "infergate.http",
+    "infergate.kserve_v2",
     "infergate.metrics",
     "infergate.monitor",
     "infergate.openapi",
