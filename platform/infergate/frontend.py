@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from infergate import openai_api
+from infergate import kserve_v2, openai_api
 from infergate.access import OPEN, Access, Caller
 from infergate.batching import Backend
 from infergate.config import FrontendSettings
@@ -150,6 +150,45 @@ class Frontend:
     async def _openapi(self, request: Request) -> Response:
         return json_response(openapi_document())
 
+    # -- the Open Inference Protocol (KServe V2); the bodies are infergate.kserve_v2's --
+
+    async def _v2_infer(self, request: Request, name: str, version: str | None = None) -> Response:
+        served = self.models.get(name)
+        parse = kserve_v2.infer_parser(served.task if served else None, request.headers)
+        return await self.serve_inference(
+            request, name, parse, kserve_v2.render_infer, version,
+            accept=kserve_v2.check_infer_content_type,
+        )  # fmt: skip
+
+    async def _v2_model_metadata(
+        self, request: Request, name: str, version: str | None = None
+    ) -> Response:
+        model = self.model_for(request, name)
+        runtimes = (model.pick(pinned=version),) if version is not None else model.versions
+        return json_response(kserve_v2.model_metadata(model.name, model.task, runtimes))
+
+    async def _v2_model_ready(
+        self, request: Request, name: str, version: str | None = None
+    ) -> Response:
+        """Ready: the version named, or every version of the model, answers a request."""
+        model = self.model_for(request, name)
+        runtimes = (model.pick(pinned=version),) if version is not None else model.versions
+        answers = await asyncio.gather(*(self._probe(r) for r in runtimes))
+        failing = [r.served.version for r, ok in zip(runtimes, answers, strict=True) if not ok]
+        if failing:
+            raise BackendUnavailable(f"model {name!r} is not ready: version(s) {failing}")
+        return json_response({"name": name, "ready": True})
+
+    async def _v2_ready(self, request: Request) -> Response:
+        await self._readyz(request)  # raises unless every served version answers
+        return json_response({"ready": True})
+
+    async def _v2_live(self, request: Request) -> Response:
+        return json_response({"live": True})
+
+    async def _v2_server_metadata(self, request: Request) -> Response:
+        return json_response(kserve_v2.server_metadata())
+
     def _model(self, name: str) -> ServedModel:
         model = self.models.get(name)
         if model is None and not self.has_table:
@@ -187,12 +226,14 @@ class Frontend:
         render: Render,
         version: str | None = None,
         check: Check | None = None,
+        accept: Callable[[str | None], None] = check_content_type,
     ) -> Response:
         """One inference call in any protocol: ``parse`` turns the body into texts (and,
         with ``name`` None, names the model), ``render`` the prediction into the
-        protocol's JSON. ``version`` pins a version (else ``x-model-version`` may);
-        ``check`` may refuse the version picked before it runs. Every protocol shares the
-        routing, the metrics and the canary's counters."""
+        protocol's JSON (or a whole response). ``version`` pins a version (else
+        ``x-model-version`` may); ``check`` may refuse the version picked before it runs;
+        ``accept`` refuses the content types the protocol does not read. Every protocol
+        shares the access control, the routing, the metrics and the canary's counters."""
         start = time.perf_counter()
         status, served_version, prediction = 500, "", None
         runtime: ModelRuntime | None = None
@@ -201,7 +242,7 @@ class Frontend:
         try:
             if name is not None:
                 self.model_for(request, name)  # refused before its body is read
-            check_content_type(request.headers.get("content-type"))
+            accept(request.headers.get("content-type"))
             body = await read_body(
                 request,
                 self.settings.max_body_bytes,
@@ -219,7 +260,8 @@ class Frontend:
             if check is not None:
                 check(parsed, runtime)
             prediction = await runtime.predict(parsed.texts, parsed.parameters, self.backend)
-            response = json_response(render(Answer(model, runtime, prediction, parsed)))
+            rendered = render(Answer(model, runtime, prediction, parsed))
+            response = rendered if isinstance(rendered, Response) else json_response(rendered)
             total_s = time.perf_counter() - start
             response.headers.update(_timing_headers(prediction, total_s, runtime))
             status = 200
@@ -292,6 +334,16 @@ ROUTES = Routes(
     Route("POST", "/openai/v1/embeddings", "_openai_embeddings", openai_api.error_body),
     Route("GET", "/openai/v1/models", "_openai_models", openai_api.error_body),
     Route("GET", "/openai/v1/models/{model}", "_openai_model", openai_api.error_body),
+    # KServe V2 (Open Inference Protocol), for tritonclient.http and KServe's clients.
+    Route("POST", "/v2/models/{name}/infer", "_v2_infer"),
+    Route("POST", "/v2/models/{name}/versions/{version}/infer", "_v2_infer"),
+    Route("GET", "/v2/models/{name}/ready", "_v2_model_ready"),
+    Route("GET", "/v2/models/{name}/versions/{version}/ready", "_v2_model_ready"),
+    Route("GET", "/v2/models/{name}", "_v2_model_metadata"),
+    Route("GET", "/v2/models/{name}/versions/{version}", "_v2_model_metadata"),
+    Route("GET", "/v2/health/live", "_v2_live", public=True),
+    Route("GET", "/v2/health/ready", "_v2_ready", public=True),
+    Route("GET", "/v2", "_v2_server_metadata", public=True),
 )
 
 

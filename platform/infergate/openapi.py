@@ -116,6 +116,153 @@ class OpenAIErrorBody(BaseModel):
     error: OpenAIError
 
 
+# -- the Open Inference Protocol (KServe V2), infergate.kserve_v2 ------------------------
+
+
+class V2InputTensor(BaseModel):
+    name: str = Field(description="Always 'text'.", examples=["text"])
+    shape: list[int] = Field(description="[n] (or [n, 1]) for n texts.", examples=[[2]])
+    datatype: str = Field(description="Always 'BYTES'.", examples=["BYTES"])
+    data: list[str] | None = Field(
+        None, description="The texts, row-major; absent when they follow as binary data."
+    )
+    parameters: dict[str, int] = Field(
+        default_factory=dict,
+        description="'binary_data_size': bytes of this tensor in the binary part of the body.",
+    )
+
+
+class V2RequestedOutput(BaseModel):
+    name: str = Field(description="probabilities or label (text-classification), embedding.")
+    parameters: dict[str, bool] = Field(
+        default_factory=dict, description="'binary_data': return it as binary data."
+    )
+
+
+class V2InferRequest(BaseModel):
+    id: str | None = Field(None, description="Returned in the response.")
+    inputs: list[V2InputTensor] = Field(description="One input, 'text'.")
+    outputs: list[V2RequestedOutput] | None = Field(
+        None, description="The outputs to return; all of the model's by default."
+    )
+    parameters: dict[str, bool] = Field(
+        default_factory=dict,
+        description="'binary_data_output': every output as binary data; 'normalize' (default "
+        "true, feature-extraction only).",
+    )
+
+
+class V2OutputTensor(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str = Field(description="FP32 or BYTES.")
+    data: list[float] | list[str] | None = Field(
+        None, description="Row-major; absent for an output returned as binary data."
+    )
+    parameters: dict[str, int] | None = Field(
+        None, description="'binary_data_size' of an output returned as binary data."
+    )
+
+
+class V2InferResponse(BaseModel):
+    model_name: str
+    model_version: str = Field(description="The version that answered.")
+    id: str | None = None
+    outputs: list[V2OutputTensor]
+
+
+class V2TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int] = Field(description="-1 where the size varies.")
+    parameters: dict[str, list[str]] | None = Field(
+        None, description="'labels': the columns of 'probabilities'."
+    )
+
+
+class V2ModelMetadata(BaseModel):
+    name: str
+    versions: list[str] = Field(description="The served versions (a path may name one).")
+    platform: str
+    inputs: list[V2TensorMetadata]
+    outputs: list[V2TensorMetadata]
+
+
+class V2ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+V2_MODELS: list[type[BaseModel]] = [
+    V2InputTensor, V2RequestedOutput, V2InferRequest, V2OutputTensor, V2InferResponse,
+    V2TensorMetadata, V2ModelMetadata, V2ServerMetadata,
+]  # fmt: skip
+BINARY_BODY = {
+    "description": "The JSON object, then the binary tensors; the header "
+    "Inference-Header-Content-Length gives the JSON's length in bytes. BYTES elements: a "
+    "4-byte little-endian length, then the UTF-8 text.",
+    "schema": {"type": "string", "format": "binary"},
+}
+
+
+def _v2_paths() -> dict[str, Any]:
+    name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+    version = {**name, "name": "version"}
+    not_found = {"404": _json(ErrorBody, "Unknown model or version")}
+    infer_errors = {code: _json(ErrorBody, text) for code, text in ERRORS.items()}
+    infer_errors["400"] = _json(ErrorBody, ERRORS["400"] + " Binary data that does not add up.")
+    infer_errors["415"] = _json(ErrorBody, "Neither JSON nor application/octet-stream.")
+    infer = {
+        "summary": "Infer (Open Inference Protocol)",
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": _ref(V2InferRequest)},
+                "application/octet-stream": BINARY_BODY,
+            },
+        },
+        "responses": {
+            "200": {
+                "description": "Outputs; with binary outputs, the JSON then their bytes",
+                "headers": TIMING_HEADERS,
+                "content": {
+                    "application/json": {"schema": _ref(V2InferResponse)},
+                    "application/octet-stream": BINARY_BODY,
+                },
+            },
+            **infer_errors,
+        },
+    }
+    metadata = {"responses": {"200": _json(V2ModelMetadata, "Inputs and outputs"), **not_found}}
+    ready = {
+        "responses": {
+            "200": {"description": "The model (or the version) answers"},
+            **not_found,
+            "503": _json(ErrorBody, "Some version does not answer"),
+        }
+    }
+    paths: dict[str, Any] = {}
+    for prefix, parameters in [
+        ("/v2/models/{name}", [name]),
+        ("/v2/models/{name}/versions/{version}", [name, version]),
+    ]:
+        paths[f"{prefix}/infer"] = {"post": {**infer, "parameters": parameters}}
+        paths[prefix] = {"get": {**metadata, "parameters": parameters}}
+        paths[f"{prefix}/ready"] = {"get": {**ready, "parameters": parameters}}
+    paths["/v2/health/live"] = {"get": {"responses": {"200": {"description": "Process alive"}}}}
+    paths["/v2/health/ready"] = {
+        "get": {
+            "responses": {
+                "200": {"description": "As /readyz: every served version answers"},
+                "503": _json(ErrorBody, "Some version is not ready"),
+            }
+        }
+    }
+    paths["/v2"] = {"get": {"responses": {"200": _json(V2ServerMetadata, "Server metadata")}}}
+    return paths
+
+
 def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
@@ -168,6 +315,7 @@ def openapi_document() -> dict[str, Any]:
         PredictBody, Classification, PredictResponse, VersionInfo, ModelInfo, ModelList,
         ErrorBody, EmbeddingsBody, Embedding, Usage, EmbeddingsResponse, OpenAIModel,
         OpenAIModelList, OpenAIError, OpenAIErrorBody,
+        *V2_MODELS,
     ]  # fmt: skip
     schemas: dict[str, Any] = {}
     for model in models:
@@ -217,6 +365,7 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            **_v2_paths(),
         },
         "components": {"schemas": schemas},
     }

@@ -1,4 +1,5 @@
-"""The wire format of the inference endpoint: parsing and validating request bodies.
+"""The wire format of the inference endpoint, and the checks every protocol's body goes
+through: its size, its JSON, its texts and its parameters.
 
 Pure: no Ray, no Triton. Every way a body can be wrong maps to one typed error
 whose message says what was received and what is expected.
@@ -6,7 +7,7 @@ whose message says what was received and what is expected.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,9 @@ class Answer:
 
 
 Parse = Callable[[bytes, Limits], PredictRequest]
-Render = Callable[[Answer], Any]  # the JSON body
+# The JSON body, or a whole Response where the protocol's body is not JSON alone (KServe
+# V2's binary tensors).
+Render = Callable[[Answer], Any]
 # A protocol's own refusals of the version picked to answer, before it runs (OpenAI's
 # embeddings refuse a classifier, or more dimensions than the model has).
 Check = Callable[[PredictRequest, "ModelRuntime"], None]
@@ -91,16 +94,20 @@ def parse_predict(body: bytes, limits: Limits) -> PredictRequest:
     if "inputs" not in payload:
         raise InvalidInput(f"field 'inputs' is missing; expected {EXAMPLE}", param="inputs")
     texts = validate_texts(payload["inputs"], limits, "inputs")
-    return PredictRequest(texts=texts, parameters=_parameters(payload.get("parameters")))
+    parameters = check_parameters(payload.get("parameters"), PARAMETERS, "all for embedding models")
+    return PredictRequest(texts=texts, parameters=parameters)
 
 
-def json_object(body: bytes, limits: Limits, example: str) -> dict[str, Any]:
-    """The body as a JSON object, or a typed error naming what was wrong with it (size,
-    emptiness, encoding, syntax, shape); ``example`` shows a good body."""
+def check_body_size(body: bytes, limits: Limits) -> None:
     if len(body) > limits.max_body_bytes:
         raise PayloadTooLarge(
             f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes} bytes"
         )
+
+
+def load_json(body: bytes, example: str) -> Any:
+    """The JSON value of ``body``; an empty body, invalid UTF-8 or broken JSON is a 400
+    whose message shows ``example``."""
     if not body.strip():
         raise MalformedBody(f"request body is empty; expected JSON such as {example}")
     try:
@@ -110,9 +117,16 @@ def json_object(body: bytes, limits: Limits, example: str) -> dict[str, Any]:
             f"request body is not valid UTF-8 (bad byte at offset {exc.start})"
         ) from None
     try:
-        payload = orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise MalformedBody(f"request body is not valid JSON: {exc}") from None
+
+
+def json_object(body: bytes, limits: Limits, example: str) -> dict[str, Any]:
+    """The body as a JSON object within the size limit, or a typed error naming what was
+    wrong with it; ``example`` shows a good body."""
+    check_body_size(body, limits)
+    payload = load_json(body, example)
     if not isinstance(payload, dict):
         raise InvalidInput(f"expected a JSON object such as {example}, got {json_type(payload)}")
     return payload
@@ -128,40 +142,60 @@ def refuse_unknown_fields(payload: dict[str, Any], allowed: frozenset[str]) -> N
 
 
 def validate_texts(inputs: Any, limits: Limits, field: str) -> list[str]:
-    """One text or a list of texts, each a non-blank string within the limits; errors
-    name the body's ``field`` (``'inputs[2]'``)."""
+    """One text or a list of texts in the body's ``field``, checked by ``check_texts``;
+    errors name the field (``'inputs[2]'``)."""
     if isinstance(inputs, str):
-        texts = [inputs]
-    elif isinstance(inputs, list):
-        if not inputs:
-            raise InvalidInput(f"'{field}' is an empty list; send at least one text", param=field)
-        if len(inputs) > limits.max_texts:
-            raise PayloadTooLarge(
-                f"'{field}' holds {len(inputs)} texts; the limit is {limits.max_texts} per request",
-                param=field,
-            )
-        texts = inputs
-    else:
-        raise InvalidInput(
-            f"'{field}' must be a string or a list of strings, got {json_type(inputs)}",
-            param=field,
-        )
+        return check_texts([inputs], limits, f"'{field}'", lambda _: f"'{field}'", field)
+    if isinstance(inputs, list):
+        return check_texts(inputs, limits, f"'{field}'", lambda i: f"'{field}[{i}]'", field)
+    raise InvalidInput(
+        f"'{field}' must be a string or a list of strings, got {json_type(inputs)}", param=field
+    )
+
+
+def check_texts(
+    texts: list[Any],
+    limits: Limits,
+    name: str,
+    item: Callable[[int], str],
+    param: str | None = None,
+) -> list[str]:
+    """``texts`` if they are what any protocol may send a model: at least one and at most
+    ``max_texts`` strings, none blank, none over ``max_chars_per_text``. ``name`` names
+    the list in messages, ``item(index)`` one of its texts, ``param`` the body's field."""
+    check_text_count(len(texts), limits, name, param)
     for index, text in enumerate(texts):
-        where = f"'{field}'" if isinstance(inputs, str) else f"'{field}[{index}]'"
         if not isinstance(text, str):
-            raise InvalidInput(f"{where} must be a string, got {json_type(text)}", param=field)
+            raise InvalidInput(
+                f"{item(index)} must be a string, got {json_type(text)}", param=param
+            )
         if not text or text.isspace():  # the model would see [CLS] [SEP] alone
-            raise InvalidInput(f"{where} is empty or only whitespace; send some text", param=field)
+            raise InvalidInput(
+                f"{item(index)} is empty or only whitespace; send some text", param=param
+            )
         if len(text) > limits.max_chars_per_text:
             raise PayloadTooLarge(
-                f"{where} has {len(text)} characters; the limit is "
+                f"{item(index)} has {len(text)} characters; the limit is "
                 f"{limits.max_chars_per_text} per text",
-                param=field,
+                param=param,
             )
     return texts
 
 
-def _parameters(parameters: Any) -> dict[str, Any]:
+def check_text_count(count: int, limits: Limits, name: str, param: str | None = None) -> None:
+    """At least one text and at most ``max_texts``; a protocol that says how many texts
+    it sends before sending them is refused here before they are read."""
+    if count == 0:
+        raise InvalidInput(f"{name} is an empty list; send at least one text", param=param)
+    if count > limits.max_texts:
+        raise PayloadTooLarge(
+            f"{name} holds {count} texts; the limit is {limits.max_texts} per request", param=param
+        )
+
+
+def check_parameters(parameters: Any, known: Mapping[str, type], note: str = "") -> dict[str, Any]:
+    """``parameters`` (absent: ``{}``) if it is an object of ``known`` names with values
+    of their types; ``note`` ends the message naming the known ones."""
     if parameters is None:
         return {}
     if not isinstance(parameters, dict):
@@ -169,15 +203,17 @@ def _parameters(parameters: Any) -> dict[str, Any]:
             f"'parameters' must be an object, got {json_type(parameters)}", param="parameters"
         )
     for key, value in parameters.items():
-        expected = PARAMETERS.get(key)
+        expected = known.get(key)
         if expected is None:
             raise InvalidInput(
-                f"unknown parameter {key!r}; known parameters are {sorted(PARAMETERS)}, all "
-                "for embedding models"
+                f"unknown parameter {key!r}; known parameters are {sorted(known)}"
+                + (f", {note}" if note else ""),
+                param="parameters",
             )
         if not isinstance(value, expected):
             raise InvalidInput(
-                f"parameter {key!r} must be {expected.__name__}, got {json_type(value)}"
+                f"parameter {key!r} must be {expected.__name__}, got {json_type(value)}",
+                param="parameters",
             )
     return parameters
 

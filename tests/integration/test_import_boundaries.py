@@ -22,6 +22,7 @@ CORE = (
     "infergate.errors",
     "infergate.frontend",
     "infergate.http",
+    "infergate.kserve_v2",
     "infergate.metrics",
     "infergate.monitor",
     "infergate.openai_api",
