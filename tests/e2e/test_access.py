@@ -193,21 +193,25 @@ class SlowClients:
     """``count`` connections that send the request line and headers, then ``body`` one
     byte every ``every_s`` (or, ``headers_only``, the headers themselves a byte at a time)."""
 
-    def __init__(self, url: str, count: int, every_s: float, headers_only: bool = False) -> None:
+    def __init__(
+        self, url: str, key: str, count: int, every_s: float, headers_only: bool = False
+    ) -> None:
         host, port = url.removeprefix("http://").split(":")
         self.address = (host, int(port))
+        self.key = key
         self.count = count
         self.every_s = every_s
         self.headers_only = headers_only
         self.sockets: list[socket.socket] = []
-        self.answers: list[bytes] = []
+        self.answers: dict[int, bytes] = {}  # socket index -> the first bytes it got
         self._stop = threading.Event()
 
     def __enter__(self) -> SlowClients:
         body = b'{"inputs": "' + b"x" * 64 + b'"}'
         head = (
             b"POST /v1/models/alpha/predict HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\n" + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            b"Content-Type: application/json\r\n"
+            + f"Authorization: Bearer {self.key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         )
         for _ in range(self.count):
             sock = socket.create_connection(self.address, timeout=60)
@@ -228,20 +232,18 @@ class SlowClients:
                     sock.send(data[index : index + 1])
 
     def closed_or_answered(self) -> int:
-        """Connections the server answered (408) or closed; reads what is there."""
-        done = 0
-        for sock in self.sockets:
+        """Connections the server answered (408) or closed so far; keeps each first answer."""
+        for index, sock in enumerate(self.sockets):
+            if index in self.answers:
+                continue
             sock.settimeout(0.01)
             try:
-                data = sock.recv(4096)
+                self.answers[index] = sock.recv(4096)
             except TimeoutError:
                 continue
             except OSError:
-                data = b""
-            if data:
-                self.answers.append(data)
-            done += 1
-        return done
+                self.answers[index] = b""
+        return len(self.answers)
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -263,7 +265,7 @@ def latencies(running: Stack, key: str, count: int) -> list[float]:
 @pytest.mark.parametrize("headers_only", [False, True], ids=["slow-bodies", "slow-headers"])
 def test_slow_clients_do_not_stop_the_endpoint_answering_others(stack, headers_only):
     running, keys = stack
-    with SlowClients(running.url, 400, every_s=1.0, headers_only=headers_only) as slow:
+    with SlowClients(running.url, keys.ops, 400, every_s=1.0, headers_only=headers_only) as slow:
         time.sleep(1.5)  # every slow request has reached wherever it waits
         seconds = latencies(running, keys.ops, 30)
         what = "headers" if headers_only else "bodies"
@@ -274,8 +276,37 @@ def test_slow_clients_do_not_stop_the_endpoint_answering_others(stack, headers_o
         if not headers_only:
             wait_for(lambda: slow.closed_or_answered() == 400, BODY_TIMEOUT_S + 20,
                      "every slow upload refused")  # fmt: skip
-            status_lines = {answer.split(b"\r\n")[0] for answer in slow.answers}
-            assert status_lines == {b"HTTP/1.1 408 Request Timeout"}, (
-                status_lines,
-                slow.answers[:3],
-            )
+            status_lines = {answer.split(b"\r\n")[0] for answer in slow.answers.values()}
+            assert status_lines == {b"HTTP/1.1 408 Request Timeout"}, status_lines
+
+
+def test_the_openai_and_triton_clients_carry_keys(stack):
+    import numpy as np
+    import openai
+    import tritonclient.http as triton_http
+    from tritonclient.utils import InferenceServerException
+
+    running, keys = stack
+
+    def client(key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{running.url}/openai/v1", api_key=key, max_retries=0)
+
+    vectors = client(keys.ops).embeddings.create(model="beta", input=["a", "b"])
+    assert len(vectors.data) == 2
+    with pytest.raises(openai.AuthenticationError):
+        client("ig_wrong").embeddings.create(model="beta", input="a")
+    with pytest.raises(openai.PermissionDeniedError):
+        client(keys.search).embeddings.create(model="beta", input="a")
+    assert [m.id for m in client(keys.search).models.list()] == ["alpha"]
+    with pytest.raises(openai.RateLimitError):
+        for _ in range(40):
+            client(keys.limited).embeddings.create(model="beta", input="a")
+
+    triton = triton_http.InferenceServerClient(running.url.removeprefix("http://"))
+    text = triton_http.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array(["a fine day"], dtype=object))
+    assert triton.is_server_ready()  # a probe: no key
+    answer = triton.infer("alpha", [text], headers={"authorization": f"Bearer {keys.search}"})
+    assert answer.as_numpy("probabilities").shape == (1, 2)
+    with pytest.raises(InferenceServerException, match="API key is required"):
+        triton.infer("alpha", [text])
