@@ -69,30 +69,40 @@ class Cluster:
             self.worker.wait(timeout=30)
 
     def nodes(self) -> list[str]:
-        from ray.util.state import list_nodes
-
-        alive = list_nodes(
-            address=self.dashboard,
-            filters=[("state", "=", "ALIVE")],
-            raise_on_missing_output=False,  # a lost node is still listed, as dead
-        )
-        return [node.node_ip for node in alive]
+        """The IP of every live node."""
+        alive = self._state("nodes", state="ALIVE")
+        return [node["node_ip"] for node in alive]
 
     def replica_nodes(self) -> list[str]:
         """The node (IP) of every live front-end replica."""
-        from ray.util.state import list_actors, list_nodes
+        ips = {node["node_id"]: node["node_ip"] for node in self._state("nodes")}
+        actors = self._state("actors", class_name="ServeReplica:infergate:frontend", state="ALIVE")
+        return sorted(ips[actor["node_id"]] for actor in actors)
 
-        nodes = list_nodes(address=self.dashboard, raise_on_missing_output=False)
-        ips = {n.node_id: n.node_ip for n in nodes}
-        actors = list_actors(
-            address=self.dashboard,
-            filters=[
-                ("class_name", "=", "ServeReplica:infergate:frontend"),
-                ("state", "=", "ALIVE"),
-            ],
-            raise_on_missing_output=False,
+    def _state(self, resource: str, **equal: str) -> list[dict]:
+        """Ray's state API over HTTP, with the cluster's token. Not ray.util.state: Ray
+        reads its auth mode once per process, and an earlier test of the session may
+        have read it as off."""
+        params: dict[str, list[str] | str] = {
+            "filter_keys": list(equal),
+            "filter_predicates": ["="] * len(equal),
+            "filter_values": list(equal.values()),
+            "limit": "1000",
+        }
+        answer = httpx.get(
+            f"{self.dashboard}/api/v0/{resource}",
+            params=params,
+            headers={"authorization": f"Bearer {_ray_token()}"},
+            timeout=30,
         )
-        return sorted(ips[actor.node_id] for actor in actors)
+        answer.raise_for_status()
+        return answer.json()["data"]["result"]["result"]
+
+
+def _ray_token() -> str:
+    """The token `ray start` made for the cluster (RAY_AUTH_MODE=token), where Ray keeps it."""
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    return token or (Path.home() / ".ray" / "auth_token").read_text().strip()
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +110,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     workdir = tmp_path_factory.mktemp("ray-cluster")
     env = {**os.environ, **RAY_ENV}
     subnet = (os.getpid() + 1) % 250
-    # This process asks the cluster's state API too: with the cluster's token.
-    with (
-        pytest.MonkeyPatch.context() as patch,
-        network_host(f"igr{os.getpid() % 10000}", subnet) as host,
-    ):
-        patch.setenv("RAY_AUTH_MODE", "token")
+    with network_host(f"igr{os.getpid() % 10000}", subnet) as host:
         gcs_port, dashboard_port, client_port, http_port = free_ports(4)
         head_command = [
             str(BIN / "ray"), "start", "--head", "--node-ip-address", host.gateway,
