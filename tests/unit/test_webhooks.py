@@ -1,7 +1,7 @@
 import orjson
 import pytest
 
-from infergate.control.webhooks import SeenDeliveries, sign, verify
+from infergate.control.webhooks import TIMESTAMP_TOLERANCE_S, SeenDeliveries, sign, verify
 from infergate.errors import MalformedBody, Unauthorized
 
 BODY = orjson.dumps({"entity": "model_version_alias", "action": "created",
@@ -67,3 +67,28 @@ def test_repeated_deliveries_are_seen_once_and_memory_is_bounded():
     assert seen.first_time("a") and not seen.first_time("a")
     assert seen.first_time("b") and seen.first_time("c")
     assert seen.first_time("a")  # forgotten after two newer ids
+
+
+def test_handled_deliveries_outlive_a_restart_for_as_long_as_their_signature(tmp_path):
+    journal = tmp_path / "deliveries.log"
+    now = [1_000_000.0]
+    seen = SeenDeliveries(journal=journal, clock=lambda: now[0])
+    assert seen.first_time("d1")
+    seen.handled("d1")
+    assert seen.first_time("d2")  # under way when the process died: not handled
+    now[0] += 100
+    restarted = SeenDeliveries(journal=journal, clock=lambda: now[0])
+    assert not restarted.first_time("d1")  # a replay is still refused
+    assert restarted.first_time("d2")
+    now[0] += TIMESTAMP_TOLERANCE_S  # d1's signature is stale now: no need to keep it
+    again = SeenDeliveries(journal=journal, clock=lambda: now[0])
+    assert again.first_time("d1")
+    assert journal.read_text() == ""
+
+
+def test_a_journal_line_cut_short_by_a_crash_is_skipped(tmp_path):
+    journal = tmp_path / "deliveries.log"
+    journal.write_text("1000.0 good\n10")
+    seen = SeenDeliveries(journal=journal, clock=lambda: 1001.0)
+    assert not seen.first_time("good")
+    assert seen.first_time("10")

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -104,7 +105,10 @@ class AdminApi:
         webhook_secret: str,
         lock: threading.RLock | None = None,
         clock: Callable[[], float] = time.time,
+        deliveries: Path | None = None,
     ) -> None:
+        """``deliveries``: the file that keeps the handled webhook deliveries' ids across
+        restarts (none: kept in memory only)."""
         self.rollouts = rollouts
         self.reconcile = reconcile
         # Webhooks only ask for a reconcile and answer at once: MLflow times deliveries
@@ -113,7 +117,7 @@ class AdminApi:
         self.token = token
         self.webhook_secret = webhook_secret
         self.clock = clock
-        self.seen = SeenDeliveries()
+        self.seen = SeenDeliveries(journal=deliveries, clock=clock)
         # Shared with the control loop: one registry writer at a time.
         self._lock = lock or threading.RLock()
         model = "/admin/models/{name}"

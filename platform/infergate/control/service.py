@@ -96,6 +96,7 @@ class ControlService:
             webhook_secret=secret,
             lock=self.lock,
             request_reconcile=self._wake.set,
+            deliveries=self.config.state_dir / "webhook-deliveries.log",
         )
         self.admin = AdminServer(api.app, a.host, a.port)
         self.admin.start()

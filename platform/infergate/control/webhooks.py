@@ -13,9 +13,11 @@ import base64
 import hashlib
 import hmac
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 SIGNATURE = "x-mlflow-signature"
 TIMESTAMP = "x-mlflow-timestamp"
 DELIVERY_ID = "x-mlflow-delivery-id"
+# A delivery signed longer ago than this is refused, so ids need remembering this long.
+TIMESTAMP_TOLERANCE_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ def verify(
     headers: Mapping[str, str],
     body: bytes,
     now: float,
-    tolerance_s: float = 300.0,
+    tolerance_s: float = TIMESTAMP_TOLERANCE_S,
 ) -> Event:
     """The delivery's event, or ``Unauthorized`` / ``MalformedBody``."""
     signature, delivery_id = headers.get(SIGNATURE), headers.get(DELIVERY_ID)
@@ -83,12 +87,51 @@ class SeenDeliveries:
     one handled is ignored; a retry of one still being handled (waiting for the control
     plane's lock, say) is asked to come back, since the original may yet fail. Handlers run
     on several threads.
+
+    With a ``journal`` file the handled ids outlive the process: a control plane restarted
+    still refuses a replay of a delivery it handled, for as long as the delivery's
+    signature is valid (``keep_s``, the timestamp tolerance); older ids are dropped when
+    the file is read.
     """
 
-    def __init__(self, size: int = 10_000) -> None:
+    def __init__(
+        self,
+        size: int = 10_000,
+        *,
+        journal: Path | None = None,
+        keep_s: float = TIMESTAMP_TOLERANCE_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.size = size
         self._ids: OrderedDict[str, bool] = OrderedDict()  # id -> handled (False: under way)
         self._lock = threading.Lock()
+        self._journal = journal
+        self._clock = clock
+        if journal is not None:
+            self._replay(journal, keep_s)
+
+    def _replay(self, journal: Path, keep_s: float) -> None:
+        """Take the ids handled within ``keep_s``; write the file again with only those."""
+        recent: list[tuple[float, str]] = []
+        try:
+            lines = journal.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            lines = []
+        oldest = self._clock() - keep_s
+        for line in lines:
+            stamp, _, delivery_id = line.partition(" ")
+            try:
+                handled_at = float(stamp)
+            except ValueError:  # a line cut short by a crash
+                continue
+            if delivery_id and handled_at >= oldest:
+                recent.append((handled_at, delivery_id))
+        for _, delivery_id in recent[-self.size :]:
+            self._ids[delivery_id] = True
+        journal.parent.mkdir(parents=True, exist_ok=True)
+        partial = journal.with_name(journal.name + ".partial")
+        partial.write_text("".join(f"{t} {d}\n" for t, d in recent[-self.size :]))
+        partial.replace(journal)
 
     def first_time(self, delivery_id: str) -> bool:
         """Whether ``delivery_id`` is new; if so it is now under way."""
@@ -108,6 +151,9 @@ class SeenDeliveries:
         with self._lock:
             if delivery_id in self._ids:
                 self._ids[delivery_id] = True
+                if self._journal is not None:
+                    with self._journal.open("a", encoding="utf-8") as journal:
+                        journal.write(f"{self._clock()} {delivery_id}\n")
 
     def forget(self, delivery_id: str) -> None:
         """A delivery that failed: MLflow's retry of it must be handled, not dropped."""
