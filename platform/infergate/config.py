@@ -212,6 +212,15 @@ class ServeSettings(Frozen):
     metrics_export_port: int = Field(8103, description="Port of Ray's metrics exporter.")
     haproxy_stats_port: int = Field(8404, description="HAProxy ingress stats page.")
     haproxy_metrics_port: int = Field(9101, description="HAProxy ingress Prometheus metrics.")
+    max_connections: int = Field(
+        4096, ge=1, description="Client connections the HAProxy ingress holds at once; more wait."
+    )
+    client_idle_timeout_s: int = Field(
+        60,
+        ge=1,
+        description="The ingress closes a client connection that sends nothing for this long "
+        "(an idle keep-alive connection too); Ray Serve's default is an hour.",
+    )
     autoscaling: AutoscalingSettings = AutoscalingSettings()
     ray_num_cpus: int | None = Field(None, description="CPUs Ray may schedule; None = all.")
 

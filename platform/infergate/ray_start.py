@@ -54,12 +54,14 @@ WORKER_ENV = {
 }
 
 
-def use_fast_ingress(stats_port: int, metrics_port: int) -> None:
-    """Ask the Ray Serve started next in this process for ``FAST_INGRESS_ENV``; variables
-    the caller exported win."""
+def use_fast_ingress(settings: ServeSettings) -> None:
+    """Ask the Ray Serve started next in this process for ``FAST_INGRESS_ENV`` (variables
+    the caller exported win) and the ingress's ports and limits of ``settings``."""
     _export_defaults(FAST_INGRESS_ENV)
-    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(stats_port)
-    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(metrics_port)
+    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(settings.haproxy_stats_port)
+    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(settings.haproxy_metrics_port)
+    os.environ["RAY_SERVE_HAPROXY_MAXCONN"] = str(settings.max_connections)
+    os.environ["RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"] = str(settings.client_idle_timeout_s)
 
 
 def _export_defaults(env: dict[str, str]) -> None:
@@ -95,7 +97,7 @@ def _start(settings: ServeSettings, keep: set[int]) -> None:
         return
     _export_defaults(WORKER_ENV)
     if settings.fast_ingress:
-        use_fast_ingress(settings.haproxy_stats_port, settings.haproxy_metrics_port)
+        use_fast_ingress(settings)
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
         try:
             ray.init(

@@ -23,6 +23,7 @@ from tiny_models import tiny_bert
 pytestmark = pytest.mark.e2e
 BODY_TIMEOUT_S = 4
 MAX_QUEUED_ROWS = 16
+IDLE_TIMEOUT_S = 5
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Key
     env["INFERGATE_FRONTEND__API_KEYS_FILE"] = str(keys_file)
     env["INFERGATE_FRONTEND__BODY_TIMEOUT_S"] = str(BODY_TIMEOUT_S)
     env["INFERGATE_FRONTEND__MAX_QUEUED_ROWS"] = str(MAX_QUEUED_ROWS)
+    env["INFERGATE_SERVE__CLIENT_IDLE_TIMEOUT_S"] = str(IDLE_TIMEOUT_S)
     env["INFERGATE_PROMETHEUS__ENABLED"] = "false"
     infergate = Stack.infergate
 
@@ -310,3 +312,14 @@ def test_the_openai_and_triton_clients_carry_keys(stack):
     assert answer.as_numpy("probabilities").shape == (1, 2)
     with pytest.raises(InferenceServerException, match="API key is required"):
         triton.infer("alpha", [text])
+
+
+def test_an_idle_connection_is_closed_by_the_ingress(stack):
+    running, _ = stack
+    host, port = running.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=IDLE_TIMEOUT_S + 30) as idle:
+        opened = time.monotonic()
+        answer = idle.recv(4096)  # blocks until the ingress answers or closes
+        waited = time.monotonic() - opened
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 408"), answer[:80]
+    assert IDLE_TIMEOUT_S - 1 < waited < IDLE_TIMEOUT_S + 10, waited
