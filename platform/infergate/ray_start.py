@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from pathlib import Path
 
 from infergate.config import ServeSettings
+from infergate.ingress import write_error_pages
 from infergate.processes import descendants, reap
 
 log = logging.getLogger(__name__)
@@ -54,10 +56,13 @@ WORKER_ENV = {
 }
 
 
-def use_fast_ingress(settings: ServeSettings) -> None:
+def use_fast_ingress(settings: ServeSettings, files: Path | None = None) -> None:
     """Ask the Ray Serve started next in this process for ``FAST_INGRESS_ENV`` (variables
-    the caller exported win) and the ingress's ports and limits of ``settings``."""
+    the caller exported win) and the ingress's ports and limits of ``settings``; with
+    ``files``, HAProxy's configuration and error pages go there (``infergate.ingress``)."""
     _export_defaults(FAST_INGRESS_ENV)
+    if files is not None:
+        os.environ["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"] = str(files / "haproxy.cfg")
     os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(settings.haproxy_stats_port)
     os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(settings.haproxy_metrics_port)
     os.environ["RAY_SERVE_HAPROXY_MAXCONN"] = str(settings.max_connections)
@@ -70,25 +75,25 @@ def _export_defaults(env: dict[str, str]) -> None:
         os.environ.setdefault(name, value)
 
 
-def start_ray(settings: ServeSettings, keep: set[int]) -> None:
+def start_ray(settings: ServeSettings, keep: set[int], ingress_files: Path | None = None) -> None:
     """Start Ray and Ray Serve here, or with ``settings.external`` join the cluster that
     ``RAY_ADDRESS`` names (e.g. ``ray://head:10001``), whose Serve is already running.
 
     The SIGTERM/SIGINT handlers this process had are kept: ``ray.init`` installs C-level
     ones that end the process before Python can stop what it started, orphaning Ray's own
     agents. ``keep`` are pids (our other children) that a failed attempt's clean-up must
-    leave alone.
+    leave alone; ``ingress_files`` is where HAProxy's files go (see ``use_fast_ingress``).
     """
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        _start(settings, keep)
+        _start(settings, keep, ingress_files)
     finally:
         for sig, handler in handlers.items():
             if handler is not None:
                 signal.signal(sig, handler)
 
 
-def _start(settings: ServeSettings, keep: set[int]) -> None:
+def _start(settings: ServeSettings, keep: set[int], ingress_files: Path | None) -> None:
     import ray
     from ray import serve
 
@@ -97,7 +102,7 @@ def _start(settings: ServeSettings, keep: set[int]) -> None:
         return
     _export_defaults(WORKER_ENV)
     if settings.fast_ingress:
-        use_fast_ingress(settings)
+        use_fast_ingress(settings, ingress_files)
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
         try:
             ray.init(
@@ -121,3 +126,5 @@ def _start(settings: ServeSettings, keep: set[int]) -> None:
             ray.shutdown()
             reap(descendants([os.getpid()]), exclude=keep)
     serve.start(http_options={"host": settings.host, "port": settings.port})
+    if settings.fast_ingress and ingress_files is not None:
+        write_error_pages(ingress_files)  # before HAProxy's next reload: the app's deploy

@@ -22,6 +22,7 @@ from infergate import mlflow_server
 from infergate.config import PROJECT_ROOT, StackConfig
 from infergate.control.service import ControlService, triton_repository
 from infergate.errors import StackError
+from infergate.ingress import write_error_pages
 from infergate.processes import (
     Child,
     check_ports,
@@ -60,6 +61,7 @@ class Stack:
         self.config = config
         self.state_dir = config.state_dir
         self.log_dir = config.state_dir / "logs"
+        self.ingress_files = config.state_dir / "haproxy"  # its config and error pages
         self.children: list[Child] = []
         self.registry = Registry(config.mlflow.uri)
         self.control: ControlService | None = None
@@ -150,7 +152,11 @@ class Stack:
             fleet.close()
 
     def _start_serve(self) -> None:
-        start_ray(self.config.serve, keep={child.popen.pid for child in self.children})
+        start_ray(
+            self.config.serve,
+            keep={child.popen.pid for child in self.children},
+            ingress_files=self.ingress_files,
+        )
         self._serve_started = True
 
     def _start_control_plane(self) -> None:
@@ -227,6 +233,8 @@ class Stack:
         assert self.control is not None
         while not stop_requested:
             self.control.run_due()
+            if self._serve_started and self.config.serve.fast_ingress:
+                write_error_pages(self.ingress_files)  # Ray Serve's again after a proxy restart
             for child in [c for c in self.children if not c.alive()]:
                 self._start_again(child)
             self.control.wait(0.5)
