@@ -201,7 +201,8 @@ def test_versions_reach_triton_with_their_loads_not_through_a_shared_volume(comp
     assert "--model-repository=/models" in triton["command"]
     assert "--model-control-mode=explicit" in triton["command"]
     assert "--load-model=*" not in triton["command"]
-    assert "volumes" not in control_plane
+    # Its only volume holds the API keys.
+    assert [v.split(":")[0] for v in control_plane["volumes"]] == ["api-keys"]
     env = env_of(control_plane)
     assert "INFERGATE_TRITON__REPOSITORY_DIR" not in env
     assert (env["INFERGATE_TRITON__EXTERNAL_HOST"], env["INFERGATE_TRITON__BACKEND"]) == (
@@ -223,16 +224,24 @@ def test_triton_runs_on_cpu_unless_asked_for_gpus(raw):
 # -- what the platform must accept -----------------------------------------------------------
 
 
-def test_control_plane_settings_are_known_to_config(compose):
-    env = env_of(compose["services"]["control-plane"])
-    rejected = set()
-    for name, value in env.items():
-        if name.startswith("INFERGATE_"):
-            try:
-                load_config(Path("/nonexistent.yaml"), environ={name: value})
-            except ValidationError:
-                rejected.add(name)
-    assert rejected == set(), "settings config.py refuses: add them there"
+def infergate_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The services that run the infergate image (built by this file)."""
+    return {name: s for name, s in compose["services"].items() if "build" in s}
+
+
+def test_every_infergate_setting_is_known_to_config(compose):
+    services = infergate_services(compose)
+    assert {"control-plane", "ray-head"} <= set(services)
+    for service_name, service in services.items():
+        rejected = set()
+        for name, value in env_of(service).items():
+            if name.startswith("INFERGATE_"):
+                try:
+                    load_config(Path("/nonexistent.yaml"), environ={name: value})
+                except ValidationError:
+                    rejected.add(name)
+        assert rejected == set(), f"{service_name}: settings config.py refuses: add them there"
+    env = env_of(services["control-plane"])
     config = load_config(Path("/nonexistent.yaml"), environ={k: str(v) for k, v in env.items()})
     assert config.triton.grpc_url == "triton:8001"
     assert env["INFERGATE_MLFLOW__TRACKING_URI"] == "http://mlflow:5000"
@@ -286,6 +295,59 @@ def test_serve_config_is_valid_and_matches_the_helm_chart(compose):
     assert env_of(ray_head)["TOKENIZERS_PARALLELISM"] == "false"  # as the local stack's workers
     assert {"source": "serve", "target": "/etc/infergate/serve.yaml"} in ray_head["configs"]
     assert "/etc/infergate/serve.yaml" in ray_head["command"][-1]
+
+
+# -- API keys --------------------------------------------------------------------------------
+
+KEYS_VOLUME = "api-keys"
+
+
+def one_line(text: str) -> str:
+    """Commands as a shell reads them: line continuations (in comments too) and runs of
+    spaces gone."""
+    return re.sub(r" +", " ", re.sub(r"\\\n#?\s*", " ", text))
+
+
+def test_api_keys_are_on_for_the_replicas_and_the_control_plane(compose):
+    args = config_content(compose, "serve")["applications"][0]["args"]
+    path = FrontendSettings.model_validate(args).api_keys_file
+    assert path is not None and path.name == "api-keys.yaml"
+    services = compose["services"]
+    mounts = {}
+    for name in ("ray-head", "control-plane"):
+        env = env_of(services[name])
+        assert load_config(Path("/nonexistent.yaml"), environ=env).frontend.api_keys_file == path
+        (mount,) = [v for v in services[name]["volumes"] if v.startswith(f"{KEYS_VOLUME}:")]
+        # The folder: a single-file mount would not see `infergate keys` replace the file.
+        mounts[name] = mount.split(":")[1:]
+    assert mounts == {"ray-head": [str(path.parent), "ro"], "control-plane": [str(path.parent)]}
+    assert KEYS_VOLUME in compose["volumes"]
+    # A new named volume takes the owner of the image's folder: the image's user "ray" then
+    # writes the file with `keys create` (mode 0600) and reads it in every container.
+    dockerfile = compose["x-infergate"]["build"]["dockerfile_inline"]
+    assert re.search(rf"mkdir -p [^\n]*{path.parent}", dockerfile)
+    assert re.search(rf"chown ray:users [^\n]*{path.parent}", one_line(dockerfile))
+
+
+def test_the_command_that_makes_the_first_key_is_documented_and_checked(compose):
+    create = (
+        "docker compose -f deployments/compose.yaml run --rm --no-deps control-plane "
+        "infergate keys create admin"
+    )
+    header = "".join(
+        line for line in COMPOSE_FILE.read_text().splitlines(True) if line.startswith("#")
+    )
+    assert create in one_line(header)
+    assert create in one_line((PROJECT_ROOT / "README.md").read_text())
+    # The Ray head refuses to start without the file, saying how to make it.
+    ray_head = compose["services"]["ray-head"]
+    script = ray_head["command"][-1]
+    assert '[ ! -s "$INFERGATE_FRONTEND__API_KEYS_FILE" ]' in script and create in script
+    # The key create writes goes where the replicas read: the command needs no --file.
+    from infergate.cli import build_parser
+
+    args = build_parser().parse_args(create.split("control-plane ", 1)[1].split()[1:])
+    assert args.file is None and args.id == "admin"
 
 
 # -- monitoring ------------------------------------------------------------------------------

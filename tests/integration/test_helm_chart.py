@@ -63,6 +63,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         },
     },
     "shared-repository": {"modelRepository": {"shared": True}},
+    "no-api-keys": {"frontend": {"apiKeys": {"enabled": False}}},
     "existing-secrets-no-monitoring": {
         "controlPlane": {"auth": {"existingSecret": "infergate-admin"}},
         "mlflow": {"webhookEncryptionKey": {"existingSecret": "mlflow-webhook-key"}},
@@ -70,7 +71,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "modelRepository": {"shared": True, "existingClaim": "shared-models"},
         "prometheus": {"enabled": False},
         "grafana": {"enabled": False},
-        "frontend": {"fastIngress": False},
+        "frontend": {"fastIngress": False, "apiKeys": {"existingSecret": "team-api-keys"}},
     },
 }
 
@@ -78,9 +79,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 # -- rendering -------------------------------------------------------------------------------
 
 
-def render_files(values: dict[str, Any] | None = None) -> dict[str, str]:
+def render_files(values: dict[str, Any] | None = None, release: str = RELEASE) -> dict[str, str]:
     with helm_python.Chart.load(CHART) as chart:
-        return chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        return chart.render(values, name=release, namespace=NAMESPACE)
 
 
 @functools.cache
@@ -190,6 +191,14 @@ def test_the_readmes_helm_install_renders_a_valid_release():
             kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
     image = container(find(manifests, "Deployment", named("control-plane")))["image"]
     assert image.startswith(values["image"]["repository"] + ":")
+    # The README names the Secret holding the generated API key of its release.
+    secrets = [
+        m for m in _manifests(render_files(values, release=words[2])) if m["kind"] == "Secret"
+    ]
+    (secret,) = [
+        m["metadata"]["name"] for m in secrets if m["metadata"]["name"].endswith("-api-keys")
+    ]
+    assert f"`{secret}`" in (PROJECT_ROOT / "README.md").read_text()
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -357,12 +366,27 @@ def rejected_settings(env: dict[str, Any]) -> set[str]:
     return rejected
 
 
+def infergate_pods(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The pod templates that run infergate's code, by name: the control plane and the Ray
+    pods (where the front-end replicas run)."""
+    control_plane = find(manifests, "Deployment", named("control-plane"))
+    pods = {"control-plane": control_plane["spec"]["template"]}
+    for template in ray_pod_templates(find(manifests, "RayService")):
+        pods[template["spec"]["containers"][0]["name"]] = template
+    return pods
+
+
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_every_control_plane_setting_is_accepted_by_load_config(scenario):
-    manifests = render(scenario)
-    env = env_of(container(find(manifests, "Deployment", named("control-plane"))))
-    assert rejected_settings(env) == set(), "settings config.py refuses: add them there"
-    assert load_config(Path("/nonexistent.yaml"), environ=as_environ(env)).triton.external_host
+def test_every_infergate_setting_of_the_control_plane_and_ray_pods_is_accepted(scenario):
+    pods = infergate_pods(render(scenario))
+    assert set(pods) == {"control-plane", "ray-head", "ray-worker"}
+    for name, template in pods.items():
+        env = env_of(template["spec"]["containers"][0])
+        rejected = rejected_settings(env)
+        assert rejected == set(), f"{name}: settings config.py refuses, add them there: {rejected}"
+        load_config(Path("/nonexistent.yaml"), environ=as_environ(env))
+    control_plane = as_environ(env_of(pods["control-plane"]["spec"]["containers"][0]))
+    assert load_config(Path("/nonexistent.yaml"), environ=control_plane).triton.external_host
 
 
 def test_control_plane_settings_are_known_to_config():
@@ -480,12 +504,17 @@ def test_mlflow_accepts_its_service_name_as_host():
 
 
 def secret_refs(manifests: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(Secret, key) of every env reference and every key a Secret volume projects."""
     refs = set()
     for template in pod_templates(manifests):
         for c in template["spec"]["containers"]:
             for value in env_of(c).values():
                 if isinstance(value, dict) and "secretKeyRef" in value:
                     refs.add((value["secretKeyRef"]["name"], value["secretKeyRef"]["key"]))
+        for volume in template["spec"].get("volumes", []):
+            if "secret" in volume:
+                name = volume["secret"]["secretName"]
+                refs.update((name, item["key"]) for item in volume["secret"]["items"])
     return refs
 
 
@@ -499,7 +528,13 @@ def test_every_secret_reference_is_rendered_or_named_in_values(scenario):
         for key in {**m.get("data", {}), **m.get("stringData", {})}
     }
     # The existing Secrets the scenarios name.
-    external = {"mlflow-db", "infergate-admin", "mlflow-webhook-key", "postgres-password"}
+    external = {
+        "mlflow-db",
+        "infergate-admin",
+        "mlflow-webhook-key",
+        "postgres-password",
+        "team-api-keys",
+    }
     for name, key in secret_refs(manifests):
         assert (name, key) in rendered or name in external, (name, key)
 
@@ -510,6 +545,151 @@ def test_generated_webhook_encryption_key_is_a_fernet_key():
     secret = find(render("defaults"), "Secret", named("mlflow-webhook-key"))
     key = base64.b64decode(secret["data"]["key"])
     Fernet(key).decrypt(Fernet(key).encrypt(b"webhook secret"))
+
+
+# -- API keys --------------------------------------------------------------------------------
+
+KEYS_DIR = "/etc/infergate/api-keys"
+
+
+def api_keys_path(manifests: list[dict[str, Any]]) -> Path | None:
+    """Where the front-end reads its keys, as the Serve config's builder sees it."""
+    return FrontendSettings.model_validate(frontend_app(manifests)["args"]).api_keys_file
+
+
+def notes(values: dict[str, Any] | None = None) -> str:
+    return render_files(values)["infergate/templates/NOTES.txt"]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "secret"),
+    [("defaults", named("api-keys")), ("existing-secrets-no-monitoring", "team-api-keys")],
+)
+def test_api_keys_reach_every_pod_that_runs_infergate(scenario, secret):
+    manifests = render(scenario)
+    path = api_keys_path(manifests)
+    assert path == Path(KEYS_DIR) / "api-keys.yaml"
+    for name, template in infergate_pods(manifests).items():
+        (c,) = template["spec"]["containers"]
+        env = as_environ(env_of(c))
+        assert load_config(Path("/nonexistent.yaml"), environ=env).frontend.api_keys_file == path
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "api-keys"]
+        # The folder (no subPath): only then does the file follow an update of the Secret.
+        assert mount == {"name": "api-keys", "mountPath": str(path.parent), "readOnly": True}
+        (volume,) = [v for v in template["spec"]["volumes"] if v["name"] == "api-keys"]
+        # The key file alone: a generated key itself is not handed to any pod.
+        assert volume["secret"] == {
+            "secretName": secret,
+            "items": [{"key": "api-keys.yaml", "path": path.name}],
+        }, name
+
+
+def test_the_generated_key_is_in_the_key_file_beside_it(tmp_path):
+    from infergate.access import KEY_PREFIX, Access, digest, new_key, read_keys
+
+    secret = find(render("defaults"), "Secret", named("api-keys"))
+    data = {name: base64.b64decode(value).decode() for name, value in secret["data"].items()}
+    assert set(data) == {"api-key", "api-keys.yaml"}
+    key = data["api-key"]
+    assert key.startswith(KEY_PREFIX) and len(key) == len(new_key())
+    assert re.fullmatch(r"[A-Za-z0-9]+", key.removeprefix(KEY_PREFIX))  # 43 of 62: 256 bits
+    (tmp_path / "api-keys.yaml").write_text(data["api-keys.yaml"])
+    (entry,) = read_keys(tmp_path / "api-keys.yaml").keys
+    assert entry.sha256 == digest(key)
+    assert entry.may_use("any-model") and entry.requests_per_s is None
+    # The header NOTES.txt tells clients to send opens the front-end with that key file.
+    (header,) = set(re.findall(r'-H "(Authorization: [^"]+)"', notes()))
+    name, _, value = header.partition(": ")
+    access = Access(tmp_path / "api-keys.yaml")
+    caller = access.authenticate({name.lower(): value.replace("$INFERGATE_API_KEY", key)})
+    assert caller.id == entry.id
+
+
+def test_each_render_without_a_stored_secret_makes_a_new_key():
+    keys = {find(render({}), "Secret", named("api-keys"))["data"]["api-key"] for _ in range(2)}
+    assert len(keys) == 2
+
+
+def chart_with_probe(tmp_path: Path) -> Path:
+    """A copy of the chart with a template that calls the key Secret's data helper with
+    stand-ins for what lookup finds in a cluster (lookup answers nothing without one)."""
+    import shutil
+
+    chart = tmp_path / "infergate"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "probe.yaml").write_text(
+        "{{- range $case, $existing := .Values.probe }}\n---\ncase: {{ $case }}\ndata:\n"
+        '  {{- include "infergate.apiKeysSecretData" (dict "existing" $existing) '
+        "| trim | nindent 2 }}\n{{- end }}\n"
+    )
+    return chart
+
+
+def test_a_stored_key_file_and_key_are_kept_across_upgrades(tmp_path):
+    edited = base64.b64encode(b"keys: []  # edited by the operator\n").decode()
+    key = base64.b64encode(b"ig_stored").decode()
+    cases = {
+        "both": {"data": {"api-keys.yaml": edited, "api-key": key}},
+        # The operator removed the generated key once stored elsewhere: no new one.
+        "file-only": {"data": {"api-keys.yaml": edited}},
+        "absent": {},
+    }
+    with helm_python.Chart.load(chart_with_probe(tmp_path)) as chart:
+        files = chart.render({"probe": cases}, name=RELEASE, namespace=NAMESPACE)
+    found = {
+        doc["case"]: doc["data"]
+        for doc in yaml.safe_load_all(files["infergate/templates/probe.yaml"])
+        if doc
+    }
+    assert found["both"] == cases["both"]["data"]
+    assert found["file-only"] == cases["file-only"]["data"]
+    assert set(found["absent"]) == {"api-key", "api-keys.yaml"}
+    assert found["absent"]["api-keys.yaml"] != edited
+    # The chart's Secret is that helper over what lookup finds under the Secret's own name.
+    template = (CHART / "templates" / "secrets.yaml").read_text()
+    assert (
+        '"infergate.apiKeysSecretData" (dict "existing" (lookup "v1" "Secret" '
+        ".Release.Namespace $name))"
+    ) in template
+
+
+def test_an_existing_api_keys_secret_turns_generation_off():
+    manifests = render("existing-secrets-no-monitoring")
+    secrets = {m["metadata"]["name"] for m in manifests if m["kind"] == "Secret"}
+    assert named("api-keys") not in secrets and "team-api-keys" not in secrets
+    text = notes(SCENARIOS["existing-secrets-no-monitoring"])
+    assert "team-api-keys" in text and "{.data.api-key}" not in text
+
+
+def test_api_keys_off_leaves_the_front_end_open():
+    manifests = render("no-api-keys")
+    assert api_keys_path(manifests) is None
+    assert named("api-keys") not in {m["metadata"]["name"] for m in manifests}
+    for name, template in infergate_pods(manifests).items():
+        (c,) = template["spec"]["containers"]
+        assert "INFERGATE_FRONTEND__API_KEYS_FILE" not in env_of(c), name
+        assert "api-keys" not in str(template["spec"].get("volumes")), name
+        assert "api-keys" not in str(c.get("volumeMounts")), name
+    assert "Authorization" not in notes(SCENARIOS["no-api-keys"])
+
+
+def test_notes_tell_how_to_read_the_key_and_add_keys():
+    text = notes()
+    secret = named("api-keys")
+    read_key = (
+        f"kubectl -n {NAMESPACE} get secret {secret} -o jsonpath='{{.data.api-key}}' | base64 -d"
+    )
+    assert read_key in text
+    read_file = f"get secret {secret} -o jsonpath='{{.data.api-keys\\.yaml}}' | base64 -d"
+    assert read_file + " > api-keys.yaml" in text
+    lines = text.replace("\\\n", " ").splitlines()
+    commands = [shlex.split(line.split("#")[0]) for line in lines if line.startswith("  ")]
+    create = next(c for c in commands if c[:3] == ["infergate", "keys", "create"])
+    assert create[create.index("--file") + 1] == "api-keys.yaml"
+    apply = next(c for c in commands if c[:4] == ["kubectl", "-n", NAMESPACE, "create"])
+    assert apply[4:7] == ["secret", "generic", secret]
+    assert "--from-file=api-keys.yaml" in apply and "--dry-run=client" in apply
+    assert apply[-7:] == ["|", "kubectl", "-n", NAMESPACE, "apply", "-f", "-"]
 
 
 # -- Services and volumes --------------------------------------------------------------------

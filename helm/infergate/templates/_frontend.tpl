@@ -28,6 +28,10 @@ applications:
       batch_full_calls_ahead: {{ $fe.batchFullCallsAhead }}
       tracking_uri: {{ include "infergate.mlflowUrl" . | quote }}
       artifact_cache_dir: /tmp/infergate/artifacts
+      {{- if $fe.apiKeys.enabled }}
+      # Mounted from the API keys Secret on every Ray pod (infergate.apiKeysVolume).
+      api_keys_file: {{ include "infergate.apiKeysFile" . | quote }}
+      {{- end }}
     deployments:
       - name: frontend
         max_ongoing_requests: {{ $fe.maxOngoingRequests }}
@@ -49,6 +53,7 @@ Environment of every Ray container.
 - name: TOKENIZERS_PARALLELISM
   value: "false"
 {{- include "infergate.mlflowClientEnv" . | nindent 0 }}
+{{- include "infergate.apiKeysEnv" . | nindent 0 }}
 {{- if .Values.frontend.fastIngress }}
 # HAProxy ingress and throughput-optimised mode of Ray Serve.
 - name: RAY_SERVE_ENABLE_HA_PROXY

@@ -144,6 +144,9 @@ The MLflow user the platform's clients sign in as (control plane, Ray pods), whe
       key: admin-password
 {{- end }}
 {{- end }}
+{{- define "infergate.apiKeysSecretName" -}}
+{{- .Values.frontend.apiKeys.existingSecret | default (printf "%s-api-keys" (include "infergate.fullname" . | trunc 49 | trimSuffix "-")) }}
+{{- end }}
 {{- define "infergate.postgresqlSecretName" -}}
 {{- .Values.postgresql.existingSecret | default (include "infergate.postgresqlName" .) }}
 {{- end }}
@@ -189,3 +192,67 @@ PostgreSQL (Kubernetes expands $(POSTGRES_PASSWORD) from the entry before it).
 {{- fail "MLflow needs a database: set mlflow.backendStore.existingSecret, or postgresql.enabled=true" }}
 {{- end }}
 {{- end }}
+
+{{/*
+API keys (frontend.apiKeys). The key file reaches every pod that runs infergate code (the Ray
+pods, where replicas read it, and the control plane, which refuses to start on an empty one)
+at one path. The Secret is mounted as a folder, not with subPath: only a folder mount follows
+an update of the Secret, which the replicas read again without a restart.
+*/}}
+{{- define "infergate.apiKeysDir" -}}/etc/infergate/api-keys{{- end }}
+{{- define "infergate.apiKeysFile" -}}{{ include "infergate.apiKeysDir" . }}/api-keys.yaml{{- end }}
+{{- define "infergate.apiKeysEnv" -}}
+{{- if .Values.frontend.apiKeys.enabled -}}
+- name: INFERGATE_FRONTEND__API_KEYS_FILE
+  value: {{ include "infergate.apiKeysFile" . | quote }}
+{{- end }}
+{{- end }}
+{{- define "infergate.apiKeysVolumeMount" -}}
+{{- if .Values.frontend.apiKeys.enabled -}}
+- name: api-keys
+  mountPath: {{ include "infergate.apiKeysDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- define "infergate.apiKeysVolume" -}}
+{{- if .Values.frontend.apiKeys.enabled -}}
+- name: api-keys
+  secret:
+    secretName: {{ include "infergate.apiKeysSecretName" . }}
+    # The key file only: a generated key stays in the Secret, for the operator to read.
+    items:
+      - key: api-keys.yaml
+        path: api-keys.yaml
+{{- end }}
+{{- end }}
+
+{{/*
+The data of the generated API keys Secret: api-keys.yaml, the key file, and api-key, the key
+it was made with. What the Secret holds already (lookup; nothing in `helm template`) is kept:
+its key file as it is, since operators add keys to it, and the generated key while it is
+there. Only without a key file is a key made, as `infergate keys create` makes one: "ig_" and
+43 random letters and digits (256 bits), stored as its SHA-256 digest, for every model.
+Call with (dict "existing" SECRET), SECRET as lookup returns it.
+*/}}
+{{- define "infergate.apiKeysSecretData" -}}
+{{- $data := dig "data" (dict) .existing }}
+{{- if hasKey $data "api-keys.yaml" }}
+{{- toYaml (pick $data "api-keys.yaml" "api-key") }}
+{{- else }}
+{{- $key := printf "ig_%s" (randAlphaNum 43) }}
+api-key: {{ $key | b64enc }}
+api-keys.yaml: {{ include "infergate.apiKeyFile" $key | b64enc }}
+{{- end }}
+{{- end }}
+
+{{/*
+A key file holding one key, the one passed, as `infergate keys create` writes it.
+*/}}
+{{- define "infergate.apiKeyFile" -}}
+# infergate API keys: digests only; `infergate keys create` adds one.
+keys:
+- id: generated
+  sha256: {{ sha256sum . }}
+  models:
+  - '*'
+{{ end }}
