@@ -65,6 +65,11 @@ Environment of every Ray container.
   value: "0"
 - name: RAY_SERVE_HAPROXY_METRICS_PORT
   value: {{ .Values.frontend.haproxyMetricsPort | quote }}
+# Client connections the ingress holds at once, and how long one may send nothing.
+- name: RAY_SERVE_HAPROXY_MAXCONN
+  value: {{ .Values.frontend.maxConnections | quote }}
+- name: RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S
+  value: {{ .Values.frontend.clientIdleTimeoutS | quote }}
 {{- end }}
 {{- end }}
 
