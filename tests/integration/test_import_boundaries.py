@@ -17,6 +17,7 @@ CORE = (
     "infergate.batching",
     "infergate.config",
     "infergate.control.policy",
+    "infergate.control.windows",
     "infergate.counters",
     "infergate.drift",
     "infergate.errors",

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from infergate.control.rollouts import AUTO_CANARY_TAG, Rollouts
+from infergate.control.windows import StepWindows
 from infergate.counters import VersionCounters
 from infergate.errors import InvalidInput
 from infergate.registry import RegisteredModel
@@ -263,3 +264,37 @@ def test_a_version_of_another_task_is_refused_as_the_canary():
     assert CANARY not in registry.model("a").aliases
     rollouts.start("a", "6", weight=None, mode="auto")  # one of its own task
     assert registry.model("a").aliases[CANARY] == "6"
+
+
+def test_a_control_plane_restarted_mid_rollout_goes_on_with_the_steps_figures(tmp_path):
+    """The windows are in a file: a restarted Rollouts judges the 100 % step against the
+    champion of the step before, and counts the canary's requests from before the restart;
+    front-end replicas that restarted meanwhile (counters from zero) lose nothing either."""
+    policy = {"infergate.rollout.policy.steps": "50,100",
+              "infergate.rollout.policy.step_interval_s": "60"}  # fmt: skip
+    registry = MemoryRegistry(registered("a", policy, champion="1"))
+    now = [1000.0]
+    counters = {"a/1": VersionCounters(), "a/2": VersionCounters()}
+    path = tmp_path / "rollout-windows.json"
+
+    def control_plane() -> Rollouts:
+        return Rollouts(registry, stats=lambda: dict(counters), clock=lambda: now[0],
+                        windows=StepWindows(path))  # fmt: skip
+
+    rollouts = control_plane()
+    rollouts.start("a", "2", weight=None, mode="auto")
+    rollouts.tick()
+    counters["a/1"] = served_for(counters["a/1"], 10.0, 200)
+    counters["a/2"] = served_for(counters["a/2"], 10.0, 200)
+    now[0] += 61
+    assert [d.action for _, d in rollouts.tick()] == ["advance"]
+    rollouts.tick()  # the 100 % step's window starts here
+    counters["a/2"] = served_for(counters["a/2"], 40.0, 60)
+    rollouts.tick()
+    restarted = control_plane()  # the process is gone; the file stays
+    counters = {"a/1": VersionCounters(), "a/2": served_for(VersionCounters(), 40.0, 60)}
+    now[0] += 61
+    (decision,) = [d for _, d in restarted.tick()]
+    assert decision.action == "rollback" and "p95 latency" in decision.reason
+    assert decision.figures["champion_requests"] == 200  # the 50 % step's, kept
+    assert decision.figures["canary_requests"] == 120  # 60 before the restart, 60 after

@@ -26,7 +26,8 @@ from infergate.control.policy import (
     check_weight,
     start,
 )
-from infergate.counters import VersionCounters, VersionWindow
+from infergate.control.windows import StepWindows
+from infergate.counters import VersionCounters
 from infergate.errors import InvalidInput, RolloutConflict
 from infergate.registry import RegisteredModel, Registry
 from infergate.versions import CANARY, CHAMPION, ServedVersion
@@ -86,16 +87,15 @@ class Rollouts:
         *,
         clock: Callable[[], float] = time.time,
         on_decision: Callable[[str, str], None] | None = None,
+        windows: StepWindows | None = None,
     ) -> None:
+        """``windows`` keeps what each step has seen (in a file: across restarts)."""
         self.registry = registry
         self.stats = stats
         self.clock = clock
         self.on_decision = on_decision or (lambda model, action: None)
         self._sources: dict[tuple[str, int, str], str] = {}
-        self._baselines: dict[tuple[str, str, float], dict[str, VersionCounters]] = {}
-        # Per model: the champion's latest window with enough requests to judge the 100 %
-        # step by, and the rollout it was taken in (the model's creation, canary, champion).
-        self._champion_windows: dict[str, tuple[tuple[int, str, str], VersionWindow]] = {}
+        self.windows = windows or StepWindows()
         # The latest analysis per model: every tick, while the tags change only with the
         # action (a write to MLflow every 2 s would be too many).
         self._analysis: dict[str, Decision] = {}
@@ -146,7 +146,7 @@ class Rollouts:
         summary = f"version {version} {verb}: {decision.reason}"
         self.registry.set_model_tags(name, {LAST_ROLLOUT_TAG: summary})
         self._analysis.pop(name, None)
-        self._champion_windows.pop(name, None)
+        self.windows.champions.pop(name, None)
         self._log(name, decision)
 
     def _sync_state(self, model: RegisteredModel) -> RolloutState | None:
@@ -256,24 +256,24 @@ class Rollouts:
         """One analysis round over every running rollout; returns the decisions taken."""
         decisions = []
         counters = self.stats()
+        running: set[tuple[str, str, float]] = set()
         for model in self.registry.models():
             state = RolloutState.from_tags(model.tags)
             champion = model.aliases.get(CHAMPION)
             if state is None or not _rolling_out(model) or champion is None:
                 continue
             policy = self._policy(model)
-            key = (model.name, state.canary_version, state.step_started_at)
-            # Counters are cumulative; the window starts where this step began (or where
-            # this process first saw it, after a restart).
-            baseline = self._baselines.setdefault(key, counters)
-            canary = _window(counters, baseline, f"{model.name}/{state.canary_version}")
-            stable = _window(counters, baseline, f"{model.name}/{champion}").window()
+            step = (model.name, state.canary_version, state.step_started_at)
+            running.add(step)
+            window = self.windows.advance(step, counters)
+            canary = window.get(f"{model.name}/{state.canary_version}", VersionCounters())
+            stable = window.get(f"{model.name}/{champion}", VersionCounters()).window()
             # With all traffic on the canary the champion gets none to compare with: its
             # latest window that had enough stands in (from the step before, 50 % by default).
             rollout = (model.created, state.canary_version, champion)
             if stable.requests >= policy.min_requests:
-                self._champion_windows[model.name] = (rollout, stable)
-            taken_in, kept = self._champion_windows.get(model.name, (None, stable))
+                self.windows.champions[model.name] = (rollout, stable)
+            taken_in, kept = self.windows.champions.get(model.name, (None, stable))
             earlier = (
                 state.weight >= 100
                 and stable.requests < policy.min_requests
@@ -302,6 +302,8 @@ class Rollouts:
                 self.registry.set_model_tags(model.name, new_state.to_tags())
             if decision.action in ("promote", "rollback", "advance"):
                 decisions.append((model.name, decision))
+        self.windows.keep_only(running)
+        self.windows.save()
         return decisions
 
     def on_version_created(self, name: str, version: str) -> None:
@@ -338,13 +340,6 @@ def _rolling_out(model: RegisteredModel) -> bool:
     block the next one."""
     canary = model.aliases.get(CANARY)
     return canary is not None and canary != model.aliases.get(CHAMPION)
-
-
-def _window(
-    now: dict[str, VersionCounters], baseline: dict[str, VersionCounters], key: str
-) -> VersionCounters:
-    current = now.get(key, VersionCounters())
-    return current.minus(baseline[key]) if key in baseline else current
 
 
 def _check(weight: int) -> None:

@@ -23,6 +23,7 @@ from infergate.control.admin import AdminApi, AdminServer, check_exposure
 from infergate.control.reconcile import ControlPlane
 from infergate.control.rollouts import Rollouts
 from infergate.control.webhooks import register_webhook
+from infergate.control.windows import StepWindows
 from infergate.counters import VersionCounters, merge_reports
 from infergate.metrics import ROLLOUT_DECISIONS
 from infergate.processes import wait_until
@@ -61,7 +62,12 @@ class ControlService:
         self._wake = threading.Event()  # set by webhooks: reconcile now
         self._app_deployed = config.serve.external  # KubeRay deploys it there
         self._decisions: Any = None
-        self.rollouts = Rollouts(registry, self._stats, on_decision=self._count_decision)
+        self.rollouts = Rollouts(
+            registry,
+            self._stats,
+            on_decision=self._count_decision,
+            windows=StepWindows(config.state_dir / "rollout-windows.json"),
+        )
         self.fleet = TritonFleet(config.triton, triton_repository(config))
         self.plane = ControlPlane(
             registry,
