@@ -137,8 +137,10 @@ class Steady:
         return sorted(a for load in self.loads for a in load.answers)
 
 
-def under_fault(stack: Stack, name: str, inject: Callable[[], None], served: str = "1") -> Figures:
-    """``inject`` the fault after 2 s of steady load; measure LOAD_S more."""
+def under_fault(
+    stack: Stack, name: str, inject: Callable[[], None], served: str = "1", load_s: float = LOAD_S
+) -> Figures:
+    """``inject`` the fault after 2 s of steady load; measure ``load_s`` more."""
     with Steady(stack) as steady:
         time.sleep(2.0)
         at = time.monotonic()
