@@ -43,18 +43,20 @@ class Figures:
     first_error_s: float | None  # after the fault
     recovered_s: float | None  # after the fault: every answer since is a 200
     wrong_version: int
+    slowest_s: float
 
     def row(self) -> str:
         statuses = ", ".join(f"{s or 'no answer'}: {n}" for s, n in sorted(self.answers.items()))
         first = "-" if self.first_error_s is None else f"{self.first_error_s:.2f} s"
         recovered = "-" if self.recovered_s is None else f"{self.recovered_s:.1f} s"
-        return (f"| {self.fault} | {statuses} | {self.not_json} | {self.hung} | {first} | "
-                f"{recovered} | {self.wrong_version} |")  # fmt: skip
+        cells = [self.fault, statuses, self.not_json, self.hung, f"{self.slowest_s:.2f} s",
+                 first, recovered, self.wrong_version]  # fmt: skip
+        return "| " + " | ".join(str(cell) for cell in cells) + " |"
 
 
 HEADER = (
-    "| fault | answers by status | not JSON | hung | first error | all 200 again after | "
-    "wrong version |\n|---|---|---|---|---|---|---|"
+    f"| fault | answers by status | not JSON | hung (> {HUNG_S:g} s) | slowest | first error | "
+    "all 200 again after | wrong version |\n|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -172,6 +174,7 @@ def under_fault(
         first_error,
         recovered,
         wrong,
+        max(a[1] for a in answers),
     )
 
 
@@ -183,10 +186,10 @@ def kill(pids: list[int], sig: int = signal.SIGKILL) -> None:
 
 SOAK_S = float(os.environ.get("SOAK_S", "60"))  # 600 for the soak the README reports
 COMPONENTS = {  # command-line markers of the stack's processes
-    "Triton": "tritonserver",
-    "front-end replicas": REPLICA,
-    "MLflow": "mlflow",
-    "Ray (gcs, raylet)": "ray/core/src/ray",
+    "Triton (server and Python-backend stubs)": ("tritonserver", "triton_python_backend_stub"),
+    "front-end replicas": (REPLICA,),
+    "MLflow": ("mlflow",),
+    "Ray (gcs, raylet)": ("ray/core/src/ray",),
 }
 
 
@@ -202,8 +205,8 @@ def rss_mb(stack: Stack) -> dict[str, float]:
             pass
         return 0.0
 
-    memory = {name: sum(rss(p) for p in processes(stack, marker))
-              for name, marker in COMPONENTS.items()}  # fmt: skip
+    memory = {name: sum(rss(p) for marker in markers for p in processes(stack, marker))
+              for name, markers in COMPONENTS.items()}  # fmt: skip
     memory["control plane"] = rss(stack_pid(stack))
     return memory
 
