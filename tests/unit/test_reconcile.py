@@ -11,6 +11,7 @@ from fake_triton import FakeTriton
 from infergate.config import TritonSettings
 from infergate.control import reconcile
 from infergate.control.reconcile import ControlPlane
+from infergate.errors import BackendUnavailable
 from infergate.triton.fleet import TritonFleet
 from infergate.versions import CANARY, CHAMPION, ServedVersion
 
@@ -43,6 +44,8 @@ class Plane(ControlPlane):
     def _load(self, version: ServedVersion, model: str, only: list[str] | None) -> None:
         if model in self.broken:
             raise RuntimeError(f"{model} is corrupt")
+        if not self.triton.up:
+            raise BackendUnavailable("Triton at 10.0.0.1:8001 is not reachable.")
         self.triton.ready.add(model)
 
 
@@ -232,3 +235,16 @@ def test_a_served_version_a_triton_fails_to_take_back_stays_served(tmp_path):
     assert plane.failures == [] and plane.triton.unloaded == [] and len(plane.tables) == 1
     plane.broken = set()
     assert plane.reconcile().loaded == ["m__v2"]
+
+
+def test_a_canary_meeting_an_unreachable_triton_waits_rather_than_rolls_back(tmp_path):
+    plane = Plane(tmp_path, [version("1")])
+    plane.reconcile()
+    plane.wanted = [version("1", weight=90), version("2", CANARY, 10)]
+    plane.triton.up = False
+    result = plane.reconcile()
+    assert result.failed.keys() == {"m__v2"} and plane.failures == []  # not judged
+    assert served(plane) == [("1", CHAMPION, 100)]
+    plane.triton.up = True  # back: the next reconcile serves it
+    plane.reconcile()
+    assert served(plane) == [("1", CHAMPION, 90), ("2", CANARY, 10)]

@@ -142,3 +142,30 @@ def test_a_triton_away_during_the_probe_decides_no_backend():
 
 def _unreachable(*args, **kwargs) -> None:
     raise BackendUnavailable("Triton at 10.1.0.5:8101 is not reachable.")
+
+
+def test_a_host_with_ipv4_and_ipv6_is_one_triton_and_dns_away_is_no_empty_fleet(monkeypatch):
+    import socket
+
+    from infergate.errors import BackendUnavailable
+    from infergate.triton import fleet
+
+    def both(host, port, type=0):
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]  # fmt: skip
+
+    monkeypatch.setattr(socket, "getaddrinfo", both)
+    assert fleet.resolve("localhost") == ["127.0.0.1"]
+
+    def again(host, port, type=0):
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", again)
+    with pytest.raises(BackendUnavailable, match="cannot look up"):
+        fleet.resolve("triton.infergate.svc")
+
+    def unknown(host, port, type=0):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unknown)
+    assert fleet.resolve("triton.infergate.svc") == []  # no ready pod: no address

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from infergate.errors import InfergateError, RegistrationError
+from infergate.errors import BackendUnavailable, InfergateError, RegistrationError
 from infergate.registry import Registry
 from infergate.replica import load_version
 from infergate.triton.fleet import TritonFleet
@@ -77,7 +77,12 @@ class ControlPlane:
                 try:
                     self._load(version, model, only=None if new else lacking[model])
                 except Exception as exc:
-                    if new:  # any failure keeps a new version away from traffic
+                    if new and isinstance(exc, BackendUnavailable):
+                        # Triton away, not the version at fault: it waits off the table and
+                        # the next reconcile (the check wakes one) loads it.
+                        self._held_back(version, _reason(exc), wanted, result)
+                        continue
+                    if new:  # any other failure keeps a new version away from traffic
                         self._failed(version, _reason(exc), wanted, result)
                         continue
                     # A Triton that lost a served version did not take it back: the others
@@ -129,6 +134,16 @@ class ControlPlane:
         log.error("version %s v%s not served: %s", version.name, version.version, reason)
         result.failed[triton_model_name(version.name, version.version)] = reason
         self.on_load_failure(version, reason)
+        fallback = self._fallback(version, wanted)
+        if fallback is not None:
+            result.served.append(fallback)
+
+    def _held_back(
+        self, version: ServedVersion, reason: str, wanted: set[str], result: ReconcileResult
+    ) -> None:
+        """Keep ``version`` off the table for now, without judging it: no rollback."""
+        log.warning("version %s v%s waits for Triton: %s", version.name, version.version, reason)
+        result.failed[triton_model_name(version.name, version.version)] = reason
         fallback = self._fallback(version, wanted)
         if fallback is not None:
             result.served.append(fallback)

@@ -55,12 +55,22 @@ class Control(Protocol):
 
 
 def resolve(host: str) -> list[str]:
-    """Every address ``host`` resolves to now (an address resolves to itself)."""
+    """Every address ``host`` resolves to now (an address resolves to itself): its IPv4
+    ones, or its IPv6 ones when it has no IPv4 (``localhost`` has both, one Triton).
+
+    Raises:
+        BackendUnavailable: the name cannot be looked up now (DNS not answering); that is
+            not "no Triton", which a name without addresses is.
+    """
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except socket.gaierror:
-        return []  # a headless Service with no ready pod has no address
-    return sorted({str(info[4][0]) for info in infos})
+    except socket.gaierror as exc:
+        if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            return []  # a headless Service with no ready pod has no address
+        raise BackendUnavailable(f"cannot look up Triton's host {host!r} now: {exc}") from exc
+    v4 = {str(i[4][0]) for i in infos if i[0] == socket.AF_INET}
+    v6 = {str(i[4][0]) for i in infos if i[0] == socket.AF_INET6}
+    return sorted(v4 or v6)
 
 
 def _url(address: str, port: int) -> str:
@@ -106,7 +116,10 @@ class TritonFleet:
 
     def ready(self) -> bool:
         """At least one Triton answers, and all that resolve do."""
-        endpoints = self.endpoints()
+        try:
+            endpoints = self.endpoints()
+        except BackendUnavailable:  # its name cannot be looked up yet
+            return False
         return bool(endpoints) and all(c.server_ready() for c in endpoints.values())
 
     # -- loading ------------------------------------------------------------------------
