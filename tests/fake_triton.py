@@ -20,8 +20,11 @@ class FakeTriton:
         self.ready: set[str] = set()
         self.closed = False
         self.up = True  # False: it does not answer
+        self.refuse: str | None = None  # set: every load fails with this message
 
     def load(self, model: str, timeout_s: float, *, config=None, files=None) -> None:
+        if self.refuse is not None:
+            raise RegistrationError(self.refuse)
         if config and json.loads(config).get("platform") == "onnxruntime_onnx" and not self.native:
             raise RegistrationError("unknown platform onnxruntime_onnx")
         self.loaded.append(model)

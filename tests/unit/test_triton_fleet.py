@@ -169,3 +169,19 @@ def test_a_host_with_ipv4_and_ipv6_is_one_triton_and_dns_away_is_no_empty_fleet(
 
     monkeypatch.setattr(socket, "getaddrinfo", unknown)
     assert fleet.resolve("triton.infergate.svc") == []  # no ready pod: no address
+
+
+def test_a_new_version_one_pod_refuses_is_taken_back_from_the_pods_that_loaded_it(
+    version_files,
+):
+    from infergate.errors import RegistrationError
+
+    pods = Pods("10.1.0.5", "10.1.0.6")
+    fleet = pods.fleet()
+    fleet.endpoints()
+    pods.tritons["10.1.0.6:8101"].refuse = "out of memory"
+    with pytest.raises(RegistrationError, match="out of memory"):
+        fleet.load(version_files)
+    first = pods.tritons["10.1.0.5:8101"]
+    assert first.loaded == ["m__v1"] and first.unloaded == ["m__v1"]
+    assert not first.is_ready("m__v1")

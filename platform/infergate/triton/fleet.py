@@ -149,18 +149,28 @@ class TritonFleet:
         else:
             config, files = model.load_request()
             request = {"config": config, "files": files}
-        for url, control in targets.items():
-            control.load(model.name, self.settings.load_timeout_s, **request)  # type: ignore[arg-type]
-            log.info("loaded %s into Triton at %s", model.name, url)
+        done: list[str] = []
+        try:
+            for url, control in targets.items():
+                control.load(model.name, self.settings.load_timeout_s, **request)  # type: ignore[arg-type]
+                done.append(url)
+                log.info("loaded %s into Triton at %s", model.name, url)
+        except InfergateError:
+            if only is None:  # a version new to the fleet: none of it may stay behind
+                self._unload_from(model.name, {u: endpoints[u] for u in done})
+            raise
 
-    def unload(self, model: str) -> None:
-        """Unload ``model`` from every Triton that answers; one that does not has lost it
-        anyway if it restarts, and keeps it otherwise (harmless, but said)."""
-        for url, control in self.endpoints().items():
+    def _unload_from(self, model: str, controls: dict[str, Control]) -> None:
+        for url, control in controls.items():
             try:
                 control.unload(model)
             except InfergateError as exc:
                 log.warning("could not unload %s from Triton at %s: %s", model, url, exc)
+
+    def unload(self, model: str) -> None:
+        """Unload ``model`` from every Triton that answers; one that does not has lost it
+        anyway if it restarts, and keeps it otherwise (harmless, but said)."""
+        self._unload_from(model, self.endpoints())
         if self.repository is not None:
             remove_model(self.repository, model)
 
