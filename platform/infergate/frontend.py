@@ -24,9 +24,11 @@ from infergate.config import FrontendSettings
 from infergate.errors import (
     BackendUnavailable,
     ClientClosedRequest,
+    Forbidden,
     InfergateError,
     ModelNotFound,
     Overloaded,
+    RateLimited,
 )
 from infergate.http import SlowUploads, answer, error_response, json_response, read_body
 from infergate.metrics import TOTAL
@@ -52,6 +54,7 @@ UNKNOWN_MODEL_LABEL = "_unknown"
 # Status recorded for a request whose client went away before the answer (nginx's 499);
 # no response is sent.
 CLIENT_CLOSED_REQUEST = ClientClosedRequest.status
+REFUSALS = (Forbidden.status, RateLimited.status)  # logged with the API key's id
 
 
 class Frontend:
@@ -277,6 +280,8 @@ class Frontend:
             self.telemetry.request(label, served_version, status, prediction, seconds)
             if caller.key is not None:
                 self.telemetry.caller(caller.id, label, status)
+                if status in REFUSALS:  # the key's id, never the key (rate-limited: replica_logs)
+                    log.info("key %s refused on model %s: %s", caller.id, label, status)
             # A request shed for load was never the version's to answer: the canary's
             # analysis must not count it, as an error or as a (short) latency.
             if runtime is not None and status != Overloaded.status:

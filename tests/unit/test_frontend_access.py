@@ -94,7 +94,8 @@ def test_inference_and_model_listing_want_a_key_probes_do_not(tmp_path):
     assert recorder.callers == [("search", "embed", 200)]  # the id, never the key
 
 
-def test_a_key_sees_and_calls_only_its_models(tmp_path):
+def test_a_key_sees_and_calls_only_its_models(tmp_path, caplog):
+    caplog.set_level("INFO", logger="infergate.frontend")
     recorder = Recorder()
     client, scoped, anything = with_keys(tmp_path, recorder)
     mine = {"x-api-key": scoped}
@@ -108,6 +109,8 @@ def test_a_key_sees_and_calls_only_its_models(tmp_path):
     assert sorted(m["name"] for m in everything) == ["embed", "sentiment"]
     assert recorder.callers == [("search", "sentiment", 403)]
     assert recorder.monitored == []  # no version was asked: nothing for the canary
+    assert "key search refused on model sentiment: 403" in caplog.text
+    assert scoped not in caplog.text
 
 
 def test_a_key_over_its_rate_gets_429_with_retry_after(tmp_path):
