@@ -212,6 +212,13 @@ class ServeSettings(Frozen):
     metrics_export_port: int = Field(8103, description="Port of Ray's metrics exporter.")
     haproxy_stats_port: int = Field(8404, description="HAProxy ingress stats page.")
     haproxy_metrics_port: int = Field(9101, description="HAProxy ingress Prometheus metrics.")
+    fallback_proxy_port: int = Field(
+        8105,
+        description="Ray Serve's own HTTP proxy, where HAProxy sends requests no replica can "
+        "take. Ray Serve's fixed default (8500) would make two stacks on one machine share it: "
+        "one stack's requests then reached the other's replicas.",
+    )
+    fallback_proxy_grpc_port: int = Field(8106, description="The same proxy's gRPC port.")
     max_connections: int = Field(
         4096, ge=1, description="Client connections the HAProxy ingress holds at once; more wait."
     )

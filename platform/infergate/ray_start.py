@@ -65,6 +65,8 @@ def use_fast_ingress(settings: ServeSettings, files: Path | None = None) -> None
         os.environ["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"] = str(files / "haproxy.cfg")
     os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(settings.haproxy_stats_port)
     os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(settings.haproxy_metrics_port)
+    os.environ["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] = str(settings.fallback_proxy_port)
+    os.environ["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] = str(settings.fallback_proxy_grpc_port)
     os.environ["RAY_SERVE_HAPROXY_MAXCONN"] = str(settings.max_connections)
     os.environ["RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"] = str(settings.client_idle_timeout_s)
 

@@ -112,6 +112,11 @@ class Stack:
                 c.serve.haproxy_metrics_port,
                 "INFERGATE_SERVE__HAPROXY_METRICS_PORT",
             )
+            ports["Ray Serve fallback proxy"] = (
+                c.serve.host,
+                c.serve.fallback_proxy_port,
+                "INFERGATE_SERVE__FALLBACK_PROXY_PORT",
+            )
         ports["admin API"] = (c.admin.host, c.admin.port, "INFERGATE_ADMIN__PORT")
         if c.mlflow.tracking_uri is None:
             ports["MLflow"] = (c.mlflow.host, c.mlflow.port, "INFERGATE_MLFLOW__PORT")
