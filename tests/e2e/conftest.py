@@ -119,6 +119,15 @@ class Stack:
             check=False,
         )
 
+    def register(self, folder: Path, name: str, task: str, *options: str) -> None:
+        """`infergate register` a model folder into this stack's MLflow; ``options`` such
+        as ``"--alias", "champion"``."""
+        registered = self.cli(
+            "register", str(folder), "--name", name, "--task", task, *options, "--quiet",
+            "--tracking-uri", self.mlflow,
+        )  # fmt: skip
+        assert registered.returncode == 0, registered.stderr[-2000:]
+
 
 def stack_env(state_dir: Path) -> dict[str, str]:
     names = ["MLFLOW__PORT", "TRITON__HTTP_PORT", "TRITON__GRPC_PORT", "TRITON__METRICS_PORT",

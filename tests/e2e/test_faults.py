@@ -72,11 +72,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env["INFERGATE_SERVE__AUTOSCALING__MAX_REPLICAS"] = "2"
     with running_stack(state_dir, env) as running:
         folder = tiny_bert(state_dir / "source", "text-classification")
-        registered = running.cli(
-            "register", str(folder), "--name", MODEL, "--task", "text-classification",
-            "--alias", "champion", "--quiet", "--tracking-uri", running.mlflow,
-        )  # fmt: skip
-        assert registered.returncode == 0, registered.stderr[-2000:]
+        running.register(folder, MODEL, "text-classification", "--alias", "champion")
         with httpx.Client(base_url=running.url, timeout=30) as client:
             wait_for(lambda: _predict(client).status_code == 200, 120, f"{MODEL} served")
         yield running
@@ -248,11 +244,7 @@ def test_a_soak_at_half_capacity_with_a_canary_rolling_through(stack, report, tm
     with Steady(stack, clients=clients, interval_s=clients / rate) as steady:
         time.sleep(SOAK_S / 10)
         folder = tiny_bert(tmp_path / "same", "text-classification")  # the same weights
-        registered = stack.cli(
-            "register", str(folder), "--name", MODEL, "--task", "text-classification",
-            "--quiet", "--tracking-uri", stack.mlflow,
-        )  # fmt: skip
-        assert registered.returncode == 0, registered.stderr[-2000:]
+        stack.register(folder, MODEL, "text-classification")
         versions = client.search_model_versions(f"name='{MODEL}'")
         version = str(max(int(v.version) for v in versions))
         started_canary = stack.cli("canary", "start", MODEL, "--version", version, "--auto",
