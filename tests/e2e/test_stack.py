@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import threading
@@ -22,7 +21,6 @@ from mlflow import MlflowClient
 from tiny_models import tiny_bert
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- the demo models -------------------------------------------------------------------------
@@ -264,31 +262,6 @@ def test_a_model_keeps_its_task_and_an_alias_needs_a_name(stack, tmp_path):
 def test_unknown_task_is_refused(stack):
     result = stack.cli("register", ".", "--name", "x", "--task", "translation")
     assert result.returncode == 2 and "invalid choice" in result.stderr
-
-
-# -- the README ----------------------------------------------------------------------------
-
-
-def readme_curl_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
-    commands = []
-    for block in blocks:
-        for command in re.split(r"\n(?=\S)", block.replace("\\\n", " ")):
-            if command.strip().startswith("curl"):
-                commands.append(command.strip())
-    return commands
-
-
-def test_readme_curl_examples_work(stack):
-    commands = readme_curl_commands()
-    assert len(commands) >= 5
-    for command in commands:
-        command = command.replace("http://127.0.0.1:8000", stack.url)
-        result = subprocess.run(
-            [*shlex.split(command), "--fail-with-body"], capture_output=True, text=True, timeout=60
-        )
-        assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
 
 
 # -- the stack itself -----------------------------------------------------------------------
