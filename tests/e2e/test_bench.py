@@ -49,11 +49,10 @@ def test_ceiling_measured_on_the_served_file(results):
 def test_every_cell_measured_without_errors(results, name):
     record = results["scenarios"][name]
     assert "error" not in record, record.get("log_tail")
-    assert len(PROBE_TEXTS) == 2
     if name == "floor":  # answers without the model: one empty output per text
         assert record["probe"] == {
             "status": 200,
-            "labels": [None, None],
+            "labels": [None] * len(PROBE_TEXTS),
             "agrees_with_ceiling": None,
         }
     else:

@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +13,6 @@ from conftest import Stack, predict
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["I love this film", "This is terrible", "An ordinary afternoon, nothing more"]
 
 
@@ -106,14 +103,3 @@ def test_a_bad_request_gets_the_message_saying_what_is_wrong(client):
         client.infer("sentiment", [texts_input(["fine", "   "], True)])
     assert info.value.status() == "422"
     assert "input 'text' element 1 is empty or only whitespace" in info.value.message()
-
-
-def test_the_readme_example_runs(stack):
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Open Inference Protocol") :]
-    code = re.search(r"```python\n(.*?)```", section, flags=re.S)
-    assert code is not None
-    namespace: dict = {}
-    exec(code.group(1).replace("127.0.0.1:8000", stack.url.removeprefix("http://")), namespace)
-    assert namespace["result"].as_numpy("label").tolist() == [b"positive", b"negative"]
-    namespace["client"].close()

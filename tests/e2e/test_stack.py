@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import threading
@@ -22,7 +21,6 @@ from mlflow import MlflowClient
 from tiny_models import tiny_bert
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- the demo models -------------------------------------------------------------------------
@@ -160,7 +158,7 @@ def test_registered_champion_goes_live(stack, http, tmp_path):
     assert re.search(rf"registered tiny version 1 .*{parity}", result.stdout), result.stdout
     assert wait_for_model(http, "tiny")["versions"][0]["version"] == "1"
     outputs = predict(http, "tiny", ["the film was good", "bad"]).json()["outputs"]
-    assert {o["label"] for o in outputs} <= {"sad", "happy"}
+    assert len(outputs) == 2 and all(o["label"] in {"sad", "happy"} for o in outputs)
     version = MlflowClient(stack.mlflow).get_model_version("tiny", "1")
     assert version.tags["infergate.task"] == "text-classification"
     assert float(version.tags["infergate.parity_max_abs_diff"]) < 1e-3
@@ -184,7 +182,7 @@ def test_a_model_deleted_and_registered_again_answers_with_its_new_files(stack, 
     register(("sad", "happy"), seed=0)
     wait_for_model(http, "reborn")
     first = predict(http, "reborn", texts).json()["outputs"]
-    assert {o["label"] for o in first} <= {"sad", "happy"}
+    assert len(first) == 2 and all(o["label"] in {"sad", "happy"} for o in first)
 
     # Asked all along the swap, the model answers from one set of files or not at all:
     # never with the first files' labels (or tokenizer) over the new graph's scores.
@@ -226,21 +224,22 @@ def test_a_model_deleted_and_registered_again_answers_with_its_new_files(stack, 
 
 
 @pytest.mark.parametrize(
-    ("make_source", "task", "message"),
+    ("make_source", "message"),
     [
-        (lambda tmp: tmp / "missing", "feature-extraction", "missing"),
-        (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "feature-extraction", ""),
+        (lambda tmp: tmp / "missing", "model folder {} does not exist or is not a folder"),
+        (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty",
+         "{} is not a Hugging Face model folder: no config.json"),
     ],
-)
-def test_registration_errors_are_one_clear_line(stack, tmp_path, make_source, task, message):
+)  # fmt: skip
+def test_registration_errors_are_one_clear_line(stack, tmp_path, make_source, message):
+    source = make_source(tmp_path)
     result = stack.cli(
-        "register", str(make_source(tmp_path)), "--name", "broken", "--task", task,
+        "register", str(source), "--name", "broken", "--task", "feature-extraction",
         "--quiet", "--tracking-uri", stack.mlflow,
     )  # fmt: skip
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
-    assert message in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "error: " + message.format(source)
     assert not MlflowClient(stack.mlflow).search_registered_models(filter_string="name='broken'")
 
 
@@ -264,31 +263,6 @@ def test_a_model_keeps_its_task_and_an_alias_needs_a_name(stack, tmp_path):
 def test_unknown_task_is_refused(stack):
     result = stack.cli("register", ".", "--name", "x", "--task", "translation")
     assert result.returncode == 2 and "invalid choice" in result.stderr
-
-
-# -- the README ----------------------------------------------------------------------------
-
-
-def readme_curl_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
-    commands = []
-    for block in blocks:
-        for command in re.split(r"\n(?=\S)", block.replace("\\\n", " ")):
-            if command.strip().startswith("curl"):
-                commands.append(command.strip())
-    return commands
-
-
-def test_readme_curl_examples_work(stack):
-    commands = readme_curl_commands()
-    assert len(commands) >= 5
-    for command in commands:
-        command = command.replace("http://127.0.0.1:8000", stack.url)
-        result = subprocess.run(
-            [*shlex.split(command), "--fail-with-body"], capture_output=True, text=True, timeout=60
-        )
-        assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
 
 
 # -- the stack itself -----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Ray's start is tried again when Ray misses its own start-up deadline."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -83,6 +84,9 @@ def test_the_stack_starts_a_ray_of_its_own_beside_one_that_ray_start_left_behind
             start_new_session=True,  # what Ray kills when it fails is not ours
         )  # fmt: skip
         assert run.returncode == 0, run.stderr[-3000:]
-        assert run.stdout.strip() and "127.0.0.1:1" not in run.stdout
+        # The address of the cluster it joined: one it started, not the one left behind
+        # (a substring test would also refuse a port such as 12345).
+        joined = run.stdout.strip().splitlines()[-1]
+        assert re.fullmatch(r"[\d.]+:\d+", joined) and joined != "127.0.0.1:1", run.stdout
     finally:
         shutil.rmtree(temp, ignore_errors=True)

@@ -10,7 +10,7 @@ import pytest
 from infergate.control.rollouts import AUTO_CANARY_TAG, Rollouts
 from infergate.control.windows import StepWindows
 from infergate.counters import VersionCounters
-from infergate.errors import InvalidInput
+from infergate.errors import InvalidInput, RolloutConflict
 from infergate.registry import RegisteredModel
 from infergate.versions import CANARY, CHAMPION
 
@@ -171,6 +171,26 @@ def test_a_rollout_ended_in_mlflow_is_recorded_like_one_ended_by_command(move, s
     assert not any(key.startswith("infergate.rollout.") for key in model.tags)
     rollouts.desired()  # recorded once
     assert rollouts.status("a").to_dict()["last_rollout"] == summary
+
+
+def test_a_canary_alias_just_set_in_mlflow_is_seen_by_status_and_commands():
+    """Set with an MLflow client before the control loop has read it: `canary status` shows
+    the rollout and the commands act on it (they said there was no canary)."""
+    model = registered("a", champion="1")
+    registry = MemoryRegistry(model)
+    rollouts = Rollouts(registry, stats=dict, clock=lambda: 1000.0)
+    registry.set_alias("a", CANARY, "2")
+    shown = rollouts.status("a").to_dict()
+    assert (shown["canary"], shown["weight"], shown["mode"]) == ("2", 10, "auto")
+    assert (shown["last_decision"], shown["last_reason"]) == ("start", "first step, weight 10")
+    with pytest.raises(RolloutConflict, match="version 2 of 'a' is already a canary"):
+        rollouts.start("a", "3", weight=None, mode="auto")
+    promoted = rollouts.promote("a").to_dict()
+    assert (promoted["champion"], promoted["canary"]) == ("2", None)
+    assert model.tags["infergate.last_rollout"] == "version 2 promoted: promoted by hand"
+    registry.delete_alias("a", CANARY)
+    with pytest.raises(RolloutConflict, match="no canary is rolling out for 'a'"):
+        rollouts.rollback("a")
 
 
 def test_set_weight_shows_the_new_weight_at_once():

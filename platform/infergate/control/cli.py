@@ -44,7 +44,8 @@ def _print_status(status: dict[str, Any]) -> None:
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     print(f"model {status['model']} ({status['task']})")
     for row in rows:
-        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, width, strict=True)))
+        cells = (cell.ljust(w) for cell, w in zip(row, width, strict=True))
+        print(("  " + "  ".join(cells)).rstrip())
     if status["canary"]:
         steps = ", ".join(str(s) for s in status["steps"])
         if status["mode"] == "manual":

@@ -177,8 +177,8 @@ class Rollouts:
             raise InvalidInput(
                 f"version {version} of {name!r} is a {task} model; {name!r} serves {model.task}"
             )
-        current = RolloutState.from_tags(model.tags)
-        if current is not None and _rolling_out(model):
+        current = self._sync_state(model)
+        if current is not None:
             raise RolloutConflict(
                 f"version {current.canary_version} of {name!r} is already a canary; "
                 "promote it or roll it back first"
@@ -231,8 +231,10 @@ class Rollouts:
         return self.status(name)
 
     def status(self, name: str) -> Status:
-        model = self.registry.model(name)
-        state = RolloutState.from_tags(model.tags) if _rolling_out(model) else None
+        # The aliases as they are now, also those the control loop has not seen yet (one
+        # just set with an MLflow client), so a status or command never contradicts MLflow.
+        state = self._sync_state(self.registry.model(name))
+        model = self.registry.model(name)  # with the tags the sync may have written
         return Status(
             name,
             model.task,
@@ -245,8 +247,8 @@ class Rollouts:
 
     def _running(self, name: str) -> tuple[RegisteredModel, RolloutState]:
         model = self.registry.model(name)
-        state = RolloutState.from_tags(model.tags)
-        if state is None or not _rolling_out(model):
+        state = self._sync_state(model)
+        if state is None:
             raise RolloutConflict(f"no canary is rolling out for {name!r}")
         return model, state
 
