@@ -29,6 +29,7 @@ RATIO_BUCKETS = (0.001, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 CONFIDENCE_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 1.0)
 NORM_BUCKETS = (0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 15.0, 20.0)
 TEXTS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+SCORE_BUCKETS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,13 @@ EMBEDDING_NORM = Metric(
     MV,
     NORM_BUCKETS,
 )
+RELEVANCE_SCORE = Metric(
+    "relevance_score",
+    "histogram",
+    "Relevance score of a (query, text) pair, 0 to 1 (text-ranking).",
+    MV,
+    SCORE_BUCKETS,
+)
 DRIFT = Metric(
     "drift_score",
     "gauge",
@@ -134,6 +142,7 @@ FRONTEND = (
     PREDICTED_CLASS,
     CONFIDENCE,
     EMBEDDING_NORM,
+    RELEVANCE_SCORE,
     DRIFT,
     KEY_REQUESTS,
     ROLLOUT_WEIGHT,

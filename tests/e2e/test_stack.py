@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import predict, wait_for
+from conftest import TASKS_SECTION, predict, readme_curl_commands, wait_for
 from mlflow import MlflowClient
 
 from tiny_models import tiny_bert
@@ -269,19 +269,10 @@ def test_unknown_task_is_refused(stack):
 # -- the README ----------------------------------------------------------------------------
 
 
-def readme_curl_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
-    commands = []
-    for block in blocks:
-        for command in re.split(r"\n(?=\S)", block.replace("\\\n", " ")):
-            if command.strip().startswith("curl"):
-                commands.append(command.strip())
-    return commands
-
-
 def test_readme_curl_examples_work(stack):
-    commands = readme_curl_commands()
+    # The other tasks' examples name models of tests/e2e/test_tasks.py's stack, which
+    # runs them there.
+    commands = readme_curl_commands(skip_section=TASKS_SECTION)
     assert len(commands) >= 5
     for command in commands:
         command = command.replace("http://127.0.0.1:8000", stack.url)

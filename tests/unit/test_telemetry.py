@@ -1,6 +1,8 @@
 """In-process metric totals: Prometheus histogram semantics, exact sums, every series a
 replica sets declared once."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -71,6 +73,8 @@ def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
     telemetry.request("s", "1", 200, prediction(np.array([[0.2, 0.8], [0.9, 0.1]]),
                                                 ["neg", "pos"]), 0.004)  # fmt: skip
     telemetry.request("e", "1", 200, prediction(np.ones((3, 8)), []), 0.003)
+    ranked = replace(prediction(np.array([[0.9], [0.2]]), []), task="text-ranking")
+    telemetry.request("r", "1", 200, ranked, 0.003)
     telemetry.request("s", "1", 404, None, 0.001)
     telemetry.caller("search-team", "s", 429)
     assert not any(g.values for g in gauges.values())  # nothing reaches Ray before a flush

@@ -185,6 +185,13 @@ def model() -> Dashboard:
             kind="heatmap",
             description="feature-extraction versions.",
         ),
+        Panel(
+            "Relevance score (text-ranking)",
+            (Query(heatmap(m.RELEVANCE_SCORE, *mv)),),
+            kind="heatmap",
+            unit="percentunit",
+            description="Score of each (query, text) pair a cross-encoder ranked, 0 to 1.",
+        ),
     )
     inputs = (
         Panel(
