@@ -321,10 +321,12 @@ Task = Literal[
     "feature-extraction",
     "text-classification",
     "text-ranking",
+    "sparse-embedding",
 ]
 # What each does: infergate.tasks (which a unit test keeps equal to this list).
 TASKS: tuple[str, ...] = (
     "feature-extraction",
     "text-classification",
     "text-ranking",
+    "sparse-embedding",
 )

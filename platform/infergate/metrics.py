@@ -29,6 +29,7 @@ RATIO_BUCKETS = (0.001, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 CONFIDENCE_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 1.0)
 NORM_BUCKETS = (0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 15.0, 20.0)
 TEXTS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+TERMS_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 SCORE_BUCKETS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
@@ -111,6 +112,13 @@ RELEVANCE_SCORE = Metric(
     MV,
     SCORE_BUCKETS,
 )
+SPARSE_TERMS = Metric(
+    "sparse_terms",
+    "histogram",
+    "Terms with a weight above 0 in a text's sparse embedding (sparse-embedding).",
+    MV,
+    TERMS_BUCKETS,
+)
 DRIFT = Metric(
     "drift_score",
     "gauge",
@@ -143,6 +151,7 @@ FRONTEND = (
     CONFIDENCE,
     EMBEDDING_NORM,
     RELEVANCE_SCORE,
+    SPARSE_TERMS,
     DRIFT,
     KEY_REQUESTS,
     ROLLOUT_WEIGHT,

@@ -94,7 +94,8 @@ class ExportWrapper(torch.nn.Module):
     transformers 5.x models must be called with keyword arguments. The head depends on the
     task (``infergate.tasks``): ``mean_pool`` returns the attention-masked mean of
     ``last_hidden_state``, not L2-normalised (the front-end normalises); ``logits`` the
-    sequence classifier's logits.
+    sequence classifier's logits; ``splade`` SPLADE's term weights, ``log(1 + relu)`` of
+    the masked-LM logits max-pooled over the unpadded tokens, ``[batch, vocabulary]``.
 
     Token type ids are computed in the graph, so Triton's models keep two inputs: zeros
     for single texts; for (query, text) pairs, 1 from the token after the first
@@ -124,6 +125,10 @@ class ExportWrapper(torch.nn.Module):
         out = self.model(**kwargs)
         if self.head == "logits":
             return out.logits
+        if self.head == "splade":  # log(1 + relu), max over the text's tokens
+            mask = attention_mask.unsqueeze(-1).to(out.logits.dtype)
+            weights = torch.log1p(torch.relu(out.logits)) * mask  # >= 0: padding adds 0
+            return weights.max(dim=1).values
         mask = attention_mask.unsqueeze(-1).to(out.last_hidden_state.dtype)
         summed = (out.last_hidden_state * mask).sum(dim=1)
         return summed / mask.sum(dim=1).clamp(min=1e-9)

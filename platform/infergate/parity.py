@@ -69,22 +69,26 @@ Runner = Callable[[np.ndarray, np.ndarray], np.ndarray]
 # the longest.
 Encoder = Callable[[Sequence[Any]], dict[str, np.ndarray]]
 
-# scores (text-ranking) are gated like logits, on the relevance score a client is sent.
+# scores (text-ranking) are gated like logits, on the relevance score a client is sent;
+# term_weights (sparse-embedding) like embeddings, on the cosine of the sparse vectors.
 TOLERANCES: dict[str, dict[str, float]] = {
     "fp32": {
         "embeddings": 1e-3,
         "logits": 1e-3,
         "scores": 1e-3,
+        "term_weights": 1e-3,
     },
     "fp16": {
         "embeddings": 1e-4,
         "logits": 1e-2,
         "scores": 1e-2,
+        "term_weights": 1e-4,
     },
     "int8": {
         "embeddings": 0.1,
         "logits": 0.35,
         "scores": 0.35,
+        "term_weights": 0.1,
     },
 }
 
@@ -259,7 +263,7 @@ def compare(
     if tolerance is None:
         tolerance = TOLERANCES[precision][output_name]
     raw = float(np.abs(ref - got).max())
-    if output_name == "embeddings":
+    if output_name in ("embeddings", "term_weights"):  # retrieval compares their angles
         ref_unit, got_unit = l2_normalize(ref), l2_normalize(got)
         min_cosine = float((ref_unit * got_unit).sum(axis=1).min())
         extra = {

@@ -25,6 +25,7 @@ PARAMETERS = {
     "normalize": bool,
     "query": str,
     "raw_scores": bool,
+    "top_k": int,
 }
 EXAMPLE = '{"inputs": "I love this film"} or {"inputs": ["first text", "second text"]}'
 

@@ -16,8 +16,12 @@ from infergate.registry import Registry
 from tiny_models import tiny_bert
 
 pytestmark = pytest.mark.e2e
-# (task, model name, labels) of a tiny model for each output panel the demo models lack.
-OTHER_TASKS = [("text-ranking", "monitored-rerank", ("relevance",))]
+# (task, model name, labels, request parameters) of a tiny model for each output panel
+# the demo models lack.
+OTHER_TASKS = [
+    ("text-ranking", "monitored-rerank", ("relevance",), {"query": "film"}),
+    ("sparse-embedding", "monitored-splade", ("sad", "happy"), {}),
+]
 
 
 def panel_queries() -> list[tuple[str, str, str]]:
@@ -31,7 +35,7 @@ def panel_queries() -> list[tuple[str, str, str]]:
 
 def test_every_panel_query_returns_data(stack: Stack, http: httpx.Client, tmp_path):
     # The other tasks' output panels need their models: a tiny one each.
-    for task, name, labels in OTHER_TASKS:
+    for task, name, labels, _ in OTHER_TASKS:
         folder = tiny_bert(tmp_path / name, task, labels=labels)
         registered = stack.cli(
             "register", str(folder), "--name", name, "--task", task, "--precision", "fp32",
@@ -61,8 +65,8 @@ def check_every_panel(stack: Stack, http: httpx.Client) -> None:
         # Fresh samples for every rate() window, and past the drift windows' 50 texts.
         for model in ("sentiment", "embed"):
             predict(http, model, ["I love this film", "This is terrible"] * 16)
-        for _, name, _ in OTHER_TASKS:  # 503 until the new champion is served
-            predict(http, name, ["a good film", "bad food"] * 16, parameters={"query": "film"})
+        for _, name, _, parameters in OTHER_TASKS:  # 503 until the new champion is served
+            predict(http, name, ["a good film", "bad food"] * 16, parameters=parameters)
         empty = []
         for board, title, expr in queries:
             body = httpx.get(url, params={"query": expand(expr, rate_interval="1m")}).json()

@@ -38,39 +38,56 @@ TEXTS = ["i love this film", "the service was slow and the food bad", "quiet", "
 
 @dataclass(frozen=True)
 class Case:
-    """One task's model: how to ask it and what transformers answers on its files."""
+    """One task's model: how to ask it, and how to check the answer against transformers
+    run on the model's files."""
 
     task: str
     model: str  # the name the README's examples use
-    labels: tuple[str, ...]
+    labels: tuple[str, ...]  # of its tiny model's head (none for an MLM: unused)
     ask: Callable[[httpx.Client, str], httpx.Response]  # the task's own endpoint
-    served: Callable[[httpx.Response], np.ndarray]
-    expected: Callable[[Path], np.ndarray]
+    check: Callable[[httpx.Response, Path], None]  # the answer against transformers
     metric: str  # an output metric of the task's in Prometheus
     drift_feature: str
-
-
-def rerank_scores(folder: Path) -> np.ndarray:
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    enc = tokenizer([QUERY] * len(TEXTS), TEXTS, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        return torch.sigmoid(model(**enc).logits[:, 0]).numpy()
 
 
 def rerank(http: httpx.Client, model: str) -> httpx.Response:
     return http.post(f"/v1/models/{model}/rerank", json={"query": QUERY, "texts": TEXTS})
 
 
-def reranked_in_input_order(response: httpx.Response) -> np.ndarray:
+def check_rerank(response: httpx.Response, folder: Path) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    enc = tokenizer([QUERY] * len(TEXTS), TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = torch.sigmoid(model(**enc).logits[:, 0]).numpy()
     results = response.json()["results"]
     assert [r["score"] for r in results] == sorted((r["score"] for r in results), reverse=True)
-    return np.array([r["score"] for r in sorted(results, key=lambda r: r["index"])])
+    served = [r["score"] for r in sorted(results, key=lambda r: r["index"])]
+    np.testing.assert_allclose(served, expected, atol=1e-4)
+
+
+def predict_texts(http: httpx.Client, model: str) -> httpx.Response:
+    return http.post(f"/v1/models/{model}/predict", json={"inputs": TEXTS})
+
+
+def check_splade(response: httpx.Response, folder: Path) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(folder).eval()
+    enc = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        weights = torch.log1p(torch.relu(model(**enc).logits))
+    expected = (weights * enc["attention_mask"].unsqueeze(-1)).max(dim=1).values.numpy()
+    for row, output in zip(expected, response.json()["outputs"], strict=True):
+        served = np.zeros_like(row)
+        served[output["indices"]] = output["values"]
+        np.testing.assert_allclose(served, row, atol=1e-4)
 
 
 CASES = [
-    Case("text-ranking", "rerank", ("relevance",), rerank, reranked_in_input_order,
-         rerank_scores, "infergate_relevance_score_count", "relevance_score"),
+    Case("text-ranking", "rerank", ("relevance",), rerank, check_rerank,
+         "infergate_relevance_score_count", "relevance_score"),
+    Case("sparse-embedding", "splade", ("unused",), predict_texts, check_splade,
+         "infergate_sparse_terms_count", "nonzero_terms"),
 ]  # fmt: skip
 
 
@@ -107,10 +124,9 @@ def prometheus(stack: Stack, query: str) -> list[dict]:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.task)
 def test_served_answers_equal_transformers_and_are_monitored(stack, http, case):
-    expected = case.expected(stack.state_dir / case.model)
     reply = case.ask(http, case.model)
     assert reply.status_code == 200, reply.text
-    np.testing.assert_allclose(case.served(reply), expected, atol=1e-4)
+    case.check(reply, stack.state_dir / case.model)
 
     def monitored() -> bool:
         for _ in range(5):  # past the drift window's 50 texts, fresh samples for rate()

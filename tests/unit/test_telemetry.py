@@ -75,6 +75,8 @@ def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
     telemetry.request("e", "1", 200, prediction(np.ones((3, 8)), []), 0.003)
     ranked = replace(prediction(np.array([[0.9], [0.2]]), []), task="text-ranking")
     telemetry.request("r", "1", 200, ranked, 0.003)
+    sparse = replace(prediction(np.array([[0.0, 1.2, 0.3]]), []), task="sparse-embedding")
+    telemetry.request("p", "1", 200, sparse, 0.003)
     telemetry.request("s", "1", 404, None, 0.001)
     telemetry.caller("search-team", "s", 429)
     assert not any(g.values for g in gauges.values())  # nothing reaches Ray before a flush

@@ -192,6 +192,11 @@ def model() -> Dashboard:
             unit="percentunit",
             description="Score of each (query, text) pair a cross-encoder ranked, 0 to 1.",
         ),
+        Panel(
+            "Sparse terms per text (p50 / p95, sparse-embedding)",
+            percentiles(m.SPARSE_TERMS, (0.5, 0.95), *mv),
+            description="Vocabulary terms with a weight above 0 in a text's SPLADE vector.",
+        ),
     )
     inputs = (
         Panel(

@@ -48,7 +48,7 @@ class Task:
     name: ClassVar[str]
     output_name: ClassVar[str]  # the graph's and Triton's output
     # transformers Auto class the export loads, and the head ExportWrapper puts on it:
-    # "mean_pool", "logits", "splade" or "token_logits" (infergate.onnx_export).
+    # "mean_pool", "logits" (a sequence or a token classifier's) or "splade" (onnx_export).
     auto_model: ClassVar[str]
     head: ClassVar[str]
     per_token: ClassVar[bool] = False  # output [batch, sequence, n] rather than [batch, n]
@@ -131,11 +131,13 @@ def _registry() -> dict[str, Task]:
     from infergate.tasks.classification import TextClassification
     from infergate.tasks.embedding import FeatureExtraction
     from infergate.tasks.ranking import TextRanking
+    from infergate.tasks.sparse import SparseEmbedding
 
     tasks: list[Task] = [
         FeatureExtraction(),
         TextClassification(),
         TextRanking(),
+        SparseEmbedding(),
     ]
     return {task.name: task for task in tasks}
 
