@@ -322,6 +322,7 @@ Task = Literal[
     "text-classification",
     "text-ranking",
     "sparse-embedding",
+    "token-classification",
 ]
 # What each does: infergate.tasks (which a unit test keeps equal to this list).
 TASKS: tuple[str, ...] = (
@@ -329,4 +330,5 @@ TASKS: tuple[str, ...] = (
     "text-classification",
     "text-ranking",
     "sparse-embedding",
+    "token-classification",
 )

@@ -123,7 +123,8 @@ def labels_of(config: transformers.PretrainedConfig) -> list[str]:
     labels = [id2label.get(i) for i in range(len(id2label))]
     if not labels or None in labels:
         raise RegistrationError(
-            f"text-classification needs config.id2label mapping 0..n-1 to names; got {id2label}"
+            f"a classifier (of texts or tokens) needs config.id2label mapping 0..n-1 to names; "
+            f"got {id2label}"
         )
     return [str(label) for label in labels]
 

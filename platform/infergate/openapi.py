@@ -16,11 +16,13 @@ class PredictBody(BaseModel):
         description="One text, or a list of texts (one output per text).",
         examples=["I love this film", ["first text", "second text"]],
     )
-    parameters: dict[str, bool | str] = Field(
+    parameters: dict[str, bool | str | int] = Field(
         default_factory=dict,
         description="Optional, per task. feature-extraction: 'normalize' (default true) "
         "L2-normalises. text-ranking: 'query' (required), the query each text is scored "
-        "against; 'raw_scores' (default false): log-odds instead of 0..1 scores.",
+        "against; 'raw_scores' (default false): log-odds instead of 0..1 scores. "
+        "sparse-embedding: 'top_k', the k heaviest terms only. token-classification: "
+        "'aggregation_strategy', none, simple (default), first, max or average.",
     )
 
 
@@ -34,12 +36,33 @@ class Relevance(BaseModel):
     score: float = Field(description="Relevance to the query, 0 to 1 (or log-odds).")
 
 
+class SparseVector(BaseModel):
+    indices: list[int] = Field(description="Token ids with a weight above 0, heaviest first.")
+    values: list[float]
+
+
+class Entity(BaseModel):
+    entity: str = Field(description="The entity type (the token's label with 'none').")
+    score: float
+    start: int = Field(description="Character offset of its start in the text.")
+    end: int = Field(description="Character offset just past its end.")
+    word: str = Field(description="text[start:end].")
+    index: int | None = Field(None, description="The token's position ('none' only).")
+
+
 class PredictResponse(BaseModel):
     model: str
     version: str
-    outputs: list[Classification] | list[list[float]] | list[Relevance] = Field(
+    outputs: (
+        list[Classification]
+        | list[list[float]]
+        | list[Relevance]
+        | list[SparseVector]
+        | list[list[Entity]]
+    ) = Field(
         description="Per input: label and scores (text-classification), a vector "
-        "(feature-extraction), a relevance score (text-ranking)."
+        "(feature-extraction), a relevance score (text-ranking), a sparse vector "
+        "(sparse-embedding), its entities (token-classification)."
     )
 
 
@@ -359,8 +382,8 @@ def _embeddings_operation() -> dict[str, Any]:
 @cache
 def openapi_document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [
-        PredictBody, Classification, Relevance, PredictResponse, RerankBody, RerankResult,
-        RerankResponse, VersionInfo, ModelInfo, ModelList,
+        PredictBody, Classification, Relevance, SparseVector, Entity, PredictResponse,
+        RerankBody, RerankResult, RerankResponse, VersionInfo, ModelInfo, ModelList,
         ErrorBody, EmbeddingsBody, Embedding, Usage, EmbeddingsResponse, OpenAIModel,
         OpenAIModelList, OpenAIError, OpenAIErrorBody,
         *V2_MODELS,

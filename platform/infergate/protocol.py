@@ -26,6 +26,7 @@ PARAMETERS = {
     "query": str,
     "raw_scores": bool,
     "top_k": int,
+    "aggregation_strategy": str,
 }
 EXAMPLE = '{"inputs": "I love this film"} or {"inputs": ["first text", "second text"]}'
 

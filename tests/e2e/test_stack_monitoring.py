@@ -21,6 +21,7 @@ pytestmark = pytest.mark.e2e
 OTHER_TASKS = [
     ("text-ranking", "monitored-rerank", ("relevance",), {"query": "film"}),
     ("sparse-embedding", "monitored-splade", ("sad", "happy"), {}),
+    ("token-classification", "monitored-ner", ("O", "B-PER", "I-PER", "B-LOC"), {}),
 ]
 
 

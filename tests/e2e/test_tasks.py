@@ -83,11 +83,32 @@ def check_splade(response: httpx.Response, folder: Path) -> None:
         np.testing.assert_allclose(served, row, atol=1e-4)
 
 
+def check_entities(response: httpx.Response, folder: Path) -> None:
+    pipeline = transformers.pipeline(
+        "token-classification", model=str(folder), aggregation_strategy="simple"
+    )
+    found = 0
+    for text, served in zip(TEXTS, response.json()["outputs"], strict=True):
+        expected = pipeline(text)
+        assert len(served) == len(expected), (text, served, expected)
+        for ours, theirs in zip(served, expected, strict=True):
+            assert (ours["entity"], ours["start"], ours["end"]) == (
+                theirs["entity_group"], theirs["start"], theirs["end"],
+            )  # fmt: skip
+            assert ours["word"] == text[ours["start"] : ours["end"]]
+            assert abs(ours["score"] - float(theirs["score"])) < 1e-4
+        found += len(served)
+    assert found  # the comparison compared something
+
+
 CASES = [
     Case("text-ranking", "rerank", ("relevance",), rerank, check_rerank,
          "infergate_relevance_score_count", "relevance_score"),
     Case("sparse-embedding", "splade", ("unused",), predict_texts, check_splade,
          "infergate_sparse_terms_count", "nonzero_terms"),
+    Case("token-classification", "ner", ("O", "B-PER", "I-PER", "B-LOC", "I-LOC"),
+         predict_texts, check_entities, "infergate_entities_per_text_count",
+         "entities_per_text"),
 ]  # fmt: skip
 
 

@@ -132,12 +132,14 @@ def _registry() -> dict[str, Task]:
     from infergate.tasks.embedding import FeatureExtraction
     from infergate.tasks.ranking import TextRanking
     from infergate.tasks.sparse import SparseEmbedding
+    from infergate.tasks.tokens import TokenClassification
 
     tasks: list[Task] = [
         FeatureExtraction(),
         TextClassification(),
         TextRanking(),
         SparseEmbedding(),
+        TokenClassification(),
     ]
     return {task.name: task for task in tasks}
 
