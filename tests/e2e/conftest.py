@@ -16,6 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+# MLflow's telemetry client starts in a thread of the first MLflow call and writes
+# os.environ (_MLFLOW_TELEMETRY_SESSION_ID) while other threads read it: a test's MLflow
+# request once failed with KeyError '_MLFLOW_TELEMETRY_SESSION_ID' from urllib's scan of
+# the environment for proxies. There is no internet here to send telemetry to anyway.
+# Set before MLflow is imported; the stacks' processes inherit it.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
 from infergate.config import TritonSettings
 from infergate.processes import free_ports
 from infergate.registry import Registry

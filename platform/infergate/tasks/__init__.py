@@ -37,9 +37,10 @@ class Figures:
     @classmethod
     def concat(cls, parts: Sequence[Figures]) -> Figures:
         values = np.concatenate([p.values for p in parts])
-        if parts[0].categories is None:
+        categories = [p.categories for p in parts if p.categories is not None]
+        if len(categories) != len(parts):
             return cls(values)
-        return cls(values, np.concatenate([p.categories for p in parts]), parts[0].names)  # type: ignore[misc]
+        return cls(values, np.concatenate(categories), parts[0].names)
 
 
 class Task:
