@@ -50,13 +50,24 @@ WORDS = [
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
+# The transformers class of each task's tiny model; feature-extraction's is BertModel.
+MODEL_CLASSES = {
+    "text-classification": "BertForSequenceClassification",
+    "text-ranking": "BertForSequenceClassification",  # a cross-encoder: 1 or 2 labels
+    "sparse-embedding": "BertForMaskedLM",
+    "token-classification": "BertForTokenClassification",
+}
+
+
 def tiny_bert(
     folder: Path, task: str, *, labels: tuple[str, ...] = ("sad", "happy"), seed: int = 0
 ) -> Path:
     """Save a tiny BERT for ``task`` and its tokenizer to ``folder``; return ``folder``.
-    ``seed`` draws its random weights."""
+    ``labels`` name its outputs (a cross-encoder's: one or two); ``seed`` draws its
+    random weights."""
     import torch
-    from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
+    import transformers
+    from transformers import BertConfig, BertTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = folder / "vocab.txt"
@@ -75,8 +86,8 @@ def tiny_bert(
         label2id={label: i for i, label in enumerate(labels)},
     )
     torch.manual_seed(seed)
-    model_class = BertForSequenceClassification if task == "text-classification" else BertModel
-    model = model_class(config).eval()
+    model_class = MODEL_CLASSES.get(task, "BertModel")
+    model = getattr(transformers, model_class)(config).eval()
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

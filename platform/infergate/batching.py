@@ -211,7 +211,10 @@ class BatchingBackend:
         for item in batch:
             stop = start + item.rows
             if not item.future.done():
-                item.future.set_result(output[start:stop])
+                rows = output[start:stop]
+                if rows.ndim == 3:  # per-token: this request's own sequence length
+                    rows = rows[:, : item.input_ids.shape[1]]
+                item.future.set_result(rows)
             start = stop
 
     async def _infer(self, model: str, batch: list[_Waiting]) -> np.ndarray:

@@ -39,21 +39,39 @@ class VersionCounters:
     classes: tuple[str, ...] = ()  # what ``outputs`` counts, for a classifier
 
     def add(self, status: int, seconds: float, raw: np.ndarray | None, labels: list[str]) -> None:
-        self.requests += 1
-        if status >= 500:
-            self.errors += 1
-        self.latency[int(np.searchsorted(LATENCY_BUCKETS_S, seconds))] += 1
+        """One request: class shares of ``raw`` probabilities when ``labels`` name its
+        columns, else binned vector norms (the two original tasks; ``count`` is general)."""
         if raw is None or raw.ndim != 2:
+            self.count(status, seconds, None)
             return
         if labels:
-            self.classes = tuple(labels)
             counts = np.bincount(raw.argmax(axis=-1), minlength=len(labels))
         else:
             bins = np.searchsorted(NORM_BUCKETS, np.linalg.norm(raw, axis=-1))
             counts = np.bincount(bins, minlength=len(NORM_BUCKETS) + 1)
-        shares = counts / len(raw) if len(raw) else counts
+        self.count(status, seconds, counts / max(len(raw), 1), tuple(labels))
+
+    def count(
+        self,
+        status: int,
+        seconds: float,
+        shares: np.ndarray | None,
+        classes: tuple[str, ...] = (),
+    ) -> None:
+        """One request: its status, latency and output ``shares`` (summing to 1, or empty
+        or None when it has none), of ``classes`` if they are named."""
+        self.requests += 1
+        if status >= 500:
+            self.errors += 1
+        self.latency[int(np.searchsorted(LATENCY_BUCKETS_S, seconds))] += 1
+        if shares is None or not len(shares):
+            return
+        if classes:
+            self.classes = tuple(classes)
         if not self.outputs:
-            self.outputs = [0.0] * len(counts)
+            self.outputs = [0.0] * len(shares)
+        if len(shares) != len(self.outputs):  # another head under the same key: start over
+            self.outputs = [0.0] * len(shares)
         self.outputs = [a + float(b) for a, b in zip(self.outputs, shares, strict=True)]
 
     def merged(self, other: VersionCounters) -> VersionCounters:

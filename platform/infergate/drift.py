@@ -13,6 +13,9 @@ Scores, keyed ``(feature, method)``:
 - feature-extraction: ``("embedding_norm", "psi")`` over the raw embedding norm (decile
   edges of the reference) and ``("centroid", "cosine_distance")`` between the mean unit
   vectors, live and reference.
+- the other tasks (``infergate.tasks``): ``(value_key, "psi")`` over their per-text
+  value (decile edges of the reference) and, where they count categories,
+  ``(category_feature, "psi")`` over those.
 
 Rule of thumb for PSI (the thresholds of ``deployments/alerts.yml``): below 0.1 no
 significant shift, 0.1 to 0.25 a moderate one, above 0.25 a major one.
@@ -27,8 +30,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-CLASSIFICATION = "text-classification"
-EMBEDDINGS = "feature-extraction"
+from infergate import tasks
+from infergate.tasks import Figures
+
 DEFAULT_EPS = 1e-4
 
 
@@ -76,8 +80,8 @@ def _histogram(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
 class DriftWindow:
     """The last texts served by one model version, compared with its reference.
 
-    A ring buffer of per-text records (token count, unknown-token ratio, predicted class,
-    confidence or embedding norm, unit embedding), so :meth:`add`, which runs on every
+    A ring buffer of per-text records (token count, unknown-token ratio, the task's value
+    and category counts, the unit embedding), so :meth:`add`, which runs on every
     request, only copies a few numbers per text (and normalises an embedding), and memory
     stays bounded. A text leaves the window when ``max_texts`` newer ones arrived or when
     it is older than ``max_age_s`` by ``clock``. :meth:`scores` bins and compares the live
@@ -96,11 +100,11 @@ class DriftWindow:
         min_texts: int = 50,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if task not in (CLASSIFICATION, EMBEDDINGS):
+        if task not in tasks.TASKS:
             raise ValueError(f"no drift statistics for task {task!r}")
         if max_texts < 1 or min_texts < 1:
             raise ValueError("max_texts and min_texts must be at least 1")
-        self.task = task
+        self.task = tasks.get(task)
         self.max_texts = max_texts
         self.max_age_s = max_age_s
         self.min_texts = min_texts
@@ -109,16 +113,16 @@ class DriftWindow:
         self._length_edges = _edges(reference["token_length"]["edges"])
         self._length_ref = np.asarray(reference["token_length"]["counts"], dtype=np.float64)
         self._unknown_ref = float(reference["unknown_token_ratio_mean"])
-        if task == CLASSIFICATION:
-            self._class_ref = np.asarray(
-                list(reference["class_distribution"].values()), dtype=np.float64
-            )
-            self._value_edges = _edges(reference["confidence"]["edges"])
-            self._value_ref = np.asarray(reference["confidence"]["counts"], dtype=np.float64)
-        else:
-            self._value_edges = _edges(reference["embedding_norm"]["edges"])
-            self._value_ref = np.asarray(reference["embedding_norm"]["counts"], dtype=np.float64)
-            self._centroid_ref = np.asarray(reference["centroid"], dtype=np.float64)
+        value = reference[self.task.value_key]
+        self._value_edges = _edges(value["edges"])
+        self._value_ref = np.asarray(value["counts"], dtype=np.float64)
+        self._category_ref: np.ndarray | None = None
+        if self.task.category_key:
+            shares = list(reference[self.task.category_key].values())
+            self._category_ref = np.asarray(shares, dtype=np.float64)
+        self._centroid_ref = (
+            np.asarray(reference["centroid"], dtype=np.float64) if self.task.centroid else None
+        )
 
         # Ring buffer: slot (self._start + k) % max_texts holds the k-th oldest text. Texts
         # past max_age_s leave it lazily, when the window is read.
@@ -127,8 +131,10 @@ class DriftWindow:
         self._time = np.zeros(max_texts, dtype=np.float64)
         self._length = np.zeros(max_texts, dtype=np.float64)
         self._unknown = np.zeros(max_texts, dtype=np.float64)
-        self._value = np.zeros(max_texts, dtype=np.float64)  # confidence or embedding norm
-        self._predicted = np.zeros(max_texts, dtype=np.int32)
+        self._value = np.zeros(max_texts, dtype=np.float64)  # the task's per-text value
+        self._categories: np.ndarray | None = None
+        if self._category_ref is not None:
+            self._categories = np.zeros((max_texts, len(self._category_ref)), np.float32)
         self._unit: np.ndarray | None = None  # [max_texts, dim], allocated on first add
 
     @property
@@ -137,29 +143,43 @@ class DriftWindow:
         self._expire(self.clock())
         return self._size
 
-    def add(self, lengths: np.ndarray, unknown_ratio: np.ndarray, outputs: np.ndarray) -> None:
+    def add(
+        self,
+        lengths: np.ndarray,
+        unknown_ratio: np.ndarray,
+        outputs: np.ndarray,
+        *,
+        figures: Figures | None = None,
+    ) -> None:
         """Record one request's texts: token counts, unknown-token ratios and the model
-        outputs (class probabilities, or raw un-normalised embeddings), one row per text."""
+        outputs (``Prediction.raw``: class probabilities, raw embeddings...), one row per
+        text; ``figures`` when already taken from them (else taken here)."""
         outputs = np.asarray(outputs)
         n = len(lengths)
         if n == 0:
             return
-        if len(unknown_ratio) != n or outputs.ndim != 2 or outputs.shape[0] != n:
+        if len(unknown_ratio) != n or outputs.ndim < 2 or outputs.shape[0] != n:
             raise ValueError(
                 f"one row per text expected: {n} lengths, {len(unknown_ratio)} ratios, "
                 f"outputs of shape {outputs.shape}"
             )
-        if self.task == CLASSIFICATION and outputs.shape[1] != len(self._class_ref):
+        if figures is None:
+            figures = self.task.figures(outputs, None, ())
+        categories = figures.categories
+        if self._category_ref is not None and (
+            categories is None or categories.shape[1] != len(self._category_ref)
+        ):
+            got = None if categories is None else categories.shape[1]
             raise ValueError(
-                f"the reference has {len(self._class_ref)} classes, the outputs "
-                f"{outputs.shape[1]}: is this the reference of another model?"
+                f"the reference has {len(self._category_ref)} classes, the outputs "
+                f"{got}: is this the reference of another model?"
             )
+        values = figures.values
         if n > self.max_texts:  # only the newest max_texts of a huge batch can stay
-            lengths, unknown_ratio, outputs = (
-                lengths[-self.max_texts :],
-                unknown_ratio[-self.max_texts :],
-                outputs[-self.max_texts :],
-            )
+            keep = slice(n - self.max_texts, n)
+            lengths, unknown_ratio, outputs = lengths[keep], unknown_ratio[keep], outputs[keep]
+            values = values[keep]
+            categories = categories[keep] if categories is not None else None
             n = self.max_texts
         first = (self._start + self._size) % self.max_texts
         # A slice while the batch fits before the ring's end (nearly always): no index array.
@@ -171,15 +191,14 @@ class DriftWindow:
         self._time[slots] = self.clock()
         self._length[slots] = lengths
         self._unknown[slots] = unknown_ratio
-        if self.task == CLASSIFICATION:
-            self._predicted[slots] = outputs.argmax(axis=1)
-            self._value[slots] = outputs.max(axis=1)
-        else:
-            norms = np.linalg.norm(outputs, axis=1)
-            self._value[slots] = norms
+        self._value[slots] = values
+        if self._categories is not None and categories is not None:
+            self._categories[slots] = categories
+        if self._centroid_ref is not None:
             if self._unit is None:
                 self._unit = np.zeros((self.max_texts, outputs.shape[1]), dtype=np.float32)
-            self._unit[slots] = outputs / np.maximum(norms[:, None], 1e-12)
+            norms = np.maximum(values[:, None], 1e-12)  # the value is the embedding norm
+            self._unit[slots] = outputs / norms
         overflow = max(0, self._size + n - self.max_texts)  # overwritten: the oldest
         self._start = (self._start + overflow) % self.max_texts
         self._size = min(self.max_texts, self._size + n)
@@ -196,14 +215,15 @@ class DriftWindow:
             ("unknown_token_ratio", "ratio_delta"): float(self._unknown[live].mean())
             - self._unknown_ref,
         }
+        if self._category_ref is not None and self._categories is not None:
+            counts = self._categories[live].sum(axis=0, dtype=np.float64)
+            # No entity at all on one side (a token classifier) leaves nothing to compare.
+            if counts.sum() > 0 and self._category_ref.sum() > 0:
+                result[(self.task.category_feature, "psi")] = psi(self._category_ref, counts)
         value_shares = _histogram(self._value[live], self._value_edges)
-        if self.task == CLASSIFICATION:
-            classes = np.bincount(self._predicted[live], minlength=len(self._class_ref))
-            result[("predicted_class", "psi")] = psi(self._class_ref, classes)
-            result[("confidence", "psi")] = psi(self._value_ref, value_shares)
-        else:
+        result[(self.task.value_key, "psi")] = psi(self._value_ref, value_shares)
+        if self._centroid_ref is not None:
             assert self._unit is not None
-            result[("embedding_norm", "psi")] = psi(self._value_ref, value_shares)
             result[("centroid", "cosine_distance")] = _cosine_distance(
                 self._unit[live].mean(axis=0, dtype=np.float64), self._centroid_ref
             )

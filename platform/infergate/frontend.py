@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from infergate import kserve_v2, openai_api
+from infergate import kserve_v2, openai_api, rerank_api
 from infergate.access import OPEN, Access, Caller
 from infergate.batching import Backend
 from infergate.config import FrontendSettings
@@ -125,6 +125,24 @@ class Frontend:
     async def _predict_default(self, request: Request) -> Response:
         name = self.settings.default_model
         return await self.serve_inference(request, name, parse_predict, _predict_payload)
+
+    async def _rerank_named(self, request: Request, name: str) -> Response:
+        return await self.serve_inference(
+            request, name, rerank_api.rerank_parser(False), rerank_api.render_rerank,
+            check=rerank_api.refuse_unless_ranking,
+        )  # fmt: skip
+
+    async def _rerank_default(self, request: Request) -> Response:
+        """TEI's ``/rerank``: the body's model, or the only text-ranking model served."""
+
+        def only_ranking_model() -> str | None:
+            names = [m.name for m in self.visible(request) if m.task == rerank_api.RANKING_TASK]
+            return names[0] if len(names) == 1 else None
+
+        return await self.serve_inference(
+            request, None, rerank_api.rerank_parser(True, only_ranking_model),
+            rerank_api.render_tei_rerank, check=rerank_api.refuse_unless_ranking,
+        )  # fmt: skip
 
     async def _openai_embeddings(self, request: Request) -> Response:
         return await self.serve_inference(
@@ -307,7 +325,8 @@ class Frontend:
     async def _answers(self, runtime: ModelRuntime) -> bool:
         """Ready means loaded in Triton and answering a real request."""
         try:
-            await runtime.predict(["readiness probe"], {}, self.backend)
+            probe = dict(runtime.task.probe_parameters)
+            await runtime.predict(["readiness probe"], probe, self.backend)
         except InfergateError:
             return False
         return True
@@ -328,6 +347,8 @@ def _predict_payload(answer: Answer) -> dict[str, Any]:
 ROUTES = Routes(
     Route("POST", "/v1/models/{name}/predict", "_predict_named"),
     Route("POST", "/predict", "_predict_default"),
+    Route("POST", "/v1/models/{name}/rerank", "_rerank_named"),
+    Route("POST", "/rerank", "_rerank_default"),
     Route("GET", "/v1/models/{name}", "_describe"),
     Route("GET", "/v1/models", "_list"),
     Route("GET", "/healthz", "_healthz", public=True),

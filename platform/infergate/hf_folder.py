@@ -92,9 +92,10 @@ def load_tokenizer(model_dir: Path, vocab_size: int) -> Any:
 
 
 def load_model(model_dir: Path, task: str) -> torch.nn.Module:
-    auto = transformers.AutoModelForSequenceClassification
-    if task == "feature-extraction":
-        auto = transformers.AutoModel
+    from infergate.tasks import get
+
+    served = get(task)
+    auto = getattr(transformers, served.auto_model)
     try:
         model, info = auto.from_pretrained(
             model_dir,
@@ -108,12 +109,11 @@ def load_model(model_dir: Path, task: str) -> torch.nn.Module:
             f"cannot load the model in {model_dir}: {first_line(exc)}"
         ) from None
     # Missing weights are initialised at random: fatal, except the pooler mean pooling skips.
-    missing = sorted(
-        key for key in info["missing_keys"] if task == "text-classification" or "pooler" not in key
-    )
+    pooled = served.head == "mean_pool"
+    missing = sorted(key for key in info["missing_keys"] if not pooled or "pooler" not in key)
     if missing:
-        head = task == "text-classification"
-        hint = " (no trained classification head: fine-tune it first)" if head else ""
+        head = "classification" if served.head == "logits" else task
+        hint = "" if pooled else f" (no trained {head} head: fine-tune it first)"
         raise RegistrationError(f"{model_dir} has no weights for {', '.join(missing[:3])}{hint}")
     return model.eval()
 
@@ -123,7 +123,8 @@ def labels_of(config: transformers.PretrainedConfig) -> list[str]:
     labels = [id2label.get(i) for i in range(len(id2label))]
     if not labels or None in labels:
         raise RegistrationError(
-            f"text-classification needs config.id2label mapping 0..n-1 to names; got {id2label}"
+            f"a classifier (of texts or tokens) needs config.id2label mapping 0..n-1 to names; "
+            f"got {id2label}"
         )
     return [str(label) for label in labels]
 

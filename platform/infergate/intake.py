@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from infergate import tasks
 from infergate.config import PROJECT_ROOT, TASKS, TritonSettings
 from infergate.errors import ModelNotFound, RegistrationError
-from infergate.postprocess import softmax
 from infergate.reference import reference_stats
 from infergate.registry import Registry
+from infergate.tasks import Figures
 from infergate.tokenization import TextTokenizer
 from infergate.triton.repository import build_config, render_config
 from infergate.versions import PARITY_FILE, REFERENCE_FILE, SPEC_FILE, triton_model_name
@@ -42,19 +43,38 @@ class Registered:
 
 def read_texts(path: Path) -> list[str]:
     """One text per line, or a TSV/CSV whose header has a ``text`` column."""
+    return read_inputs(path)[0]
+
+
+def read_inputs(path: Path) -> tuple[list[str], list[str] | None]:
+    """Texts, and their queries where a TSV/CSV has a ``query`` column too (text-ranking's
+    reference pairs); else one text per line."""
     if not path.is_file():
         raise RegistrationError(f"reference texts file {path} does not exist")
+    queries: list[str] | None = None
     if path.suffix in (".tsv", ".csv"):
         with path.open(newline="") as handle:
             reader = csv.DictReader(handle, delimiter="\t" if path.suffix == ".tsv" else ",")
-            if "text" not in (reader.fieldnames or []):
+            fields = reader.fieldnames or []
+            if "text" not in fields:
                 raise RegistrationError(f"{path} has no 'text' column in its header")
-            texts = [row["text"] for row in reader if row.get("text")]
+            rows = [row for row in reader if row.get("text")]
+            texts = [row["text"] for row in rows]
+            if "query" in fields:
+                queries = [row.get("query") or "" for row in rows]
     else:
         texts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     if not texts:
         raise RegistrationError(f"{path} holds no texts")
-    return texts
+    return texts, queries
+
+
+def reference_queries(texts: list[str], queries: list[str] | None) -> list[str]:
+    """text-ranking's reference pairs: the file's queries, or else each text paired with
+    the one before it (a stand-in: real queries make a better drift baseline)."""
+    if queries is not None:
+        return queries
+    return [texts[i - 1] for i in range(len(texts))]
 
 
 def run_reference(
@@ -65,26 +85,35 @@ def run_reference(
     labels: list[str],
     texts: list[str],
     progress: bool,
+    queries: list[str] | None = None,
 ) -> dict:
-    """Run the reference texts through the graph that will be served; summarise."""
+    """Run the reference texts through the graph that will be served, tokenized and
+    post-processed as the front-end does; summarise."""
     import onnxruntime as ort
 
+    served = tasks.get(task)
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    lengths, unknown, outputs = [], [], []
+    lengths, unknown, outputs, figures = [], [], [], []
     starts = range(0, len(texts), REFERENCE_BATCH)
     for start in tqdm(starts, desc="reference statistics", unit="batch", disable=not progress):
-        batch = tokenizer(texts[start : start + REFERENCE_BATCH])
+        chunk = texts[start : start + REFERENCE_BATCH]
+        parameters = {"query": queries[start : start + REFERENCE_BATCH]} if queries else {}
+        batch = served.tokenize(tokenizer, chunk, parameters)
         feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
         (out,) = session.run([output_name], feeds)
+        _, raw = served.postprocess(out, batch, chunk, labels, {})
         lengths.append(batch.lengths)
         unknown.append(batch.unknown_ratio)
-        outputs.append(softmax(out) if task == "text-classification" else out)
+        figures.append(served.figures(raw, batch, labels))
+        if served.centroid:
+            outputs.append(raw)
     return reference_stats(
         task,
         np.concatenate(lengths),
         np.concatenate(unknown),
-        np.concatenate(outputs),
+        np.concatenate(outputs) if outputs else np.zeros((0, 0)),
         labels,
+        figures=Figures.concat(figures),
     )
 
 
@@ -122,7 +151,9 @@ def register_model(
     if alias == "":
         raise RegistrationError("--alias needs a name, such as champion")
     _check_task(registry, name, task)
-    texts = read_texts(reference_texts or DEFAULT_REFERENCE_TEXTS)
+    texts, queries = read_inputs(reference_texts or DEFAULT_REFERENCE_TEXTS)
+    if task == "text-ranking":
+        queries = reference_queries(texts, queries)
     with tempfile.TemporaryDirectory(prefix="infergate-register-") as tmp:
         work = Path(tmp)
         source = resolve_source(src, work / "source")
@@ -132,8 +163,9 @@ def register_model(
         )
         tokenizer = TextTokenizer.from_dir(built.tokenizer_dir, built.max_length)
         stats = run_reference(
-            built.onnx_path, tokenizer, task, built.output_name, built.labels, texts, progress
-        )
+            built.onnx_path, tokenizer, task, built.output_name, built.labels, texts, progress,
+            queries if task == "text-ranking" else None,
+        )  # fmt: skip
         spec = {
             "format": 1,
             "task": task,

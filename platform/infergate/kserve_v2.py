@@ -12,6 +12,10 @@ one input and gives its task's outputs:
 - feature-extraction: ``embedding``, FP32 [-1, dim], unit length unless the request's
   parameter ``normalize`` is false.
 
+The other tasks' answers (ranked texts, sparse vectors, entities) are no fixed-shape
+tensors of one text input; their models are refused here with a message naming their
+own endpoint.
+
 Protocol: https://github.com/kserve/open-inference-protocol/blob/main/specification/protocol/inference_rest.md
 Binary tensors: https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md
 """
@@ -108,6 +112,8 @@ def _output_metadata(task: str, spec: Spec | None) -> list[dict[str, Any]]:
             probabilities["shape"] = [-1, len(spec.labels)]
             probabilities["parameters"] = {"labels": list(spec.labels)}
         return [probabilities, {"name": "label", "datatype": "BYTES", "shape": [-1]}]
+    if task not in OUTPUTS:
+        return []  # infer refuses it (infer_parser): no outputs over this protocol
     dim = -1 if spec is None else spec.output_dim
     return [{"name": "embedding", "datatype": "FP32", "shape": [-1, dim]}]
 
@@ -138,6 +144,12 @@ def infer_parser(task: str | None, headers: Mapping[str, str]) -> Parse:
     outputs = OUTPUTS.get(task or "", ())
 
     def parse(body: bytes, limits: Limits) -> PredictRequest:
+        if task is not None and task not in OUTPUTS:
+            raise InvalidInput(
+                f"the V2 protocol serves {' and '.join(OUTPUTS)} models here; this is a "
+                f"{task} model: use POST /v1/models/{{name}}/predict"
+                + (" or /v1/models/{name}/rerank" if task == "text-ranking" else "")
+            )
         return parse_infer(body, limits, outputs, header_length, encoding)
 
     return parse

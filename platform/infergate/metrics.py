@@ -9,7 +9,7 @@ names below are the names in Prometheus, in the dashboards and in the alert rule
 Histograms are standard Prometheus histogram series (``_bucket``/``_sum``/``_count``)
 with explicit buckets; replicas sum them (and their counters) in process and hand Ray the
 totals as gauges (``infergate.telemetry`` says why). Label sets are bounded (model,
-version, stage, status, class, feature, method, role, decision).
+version, stage, status, class, entity type, feature, method, role, decision).
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ RATIO_BUCKETS = (0.001, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 CONFIDENCE_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 1.0)
 NORM_BUCKETS = (0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 15.0, 20.0)
 TEXTS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# 0.5: the texts without any entity (Ray refuses a bucket boundary of 0).
+ENTITY_BUCKETS = (0.5, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+TERMS_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+SCORE_BUCKETS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,33 @@ EMBEDDING_NORM = Metric(
     MV,
     NORM_BUCKETS,
 )
+RELEVANCE_SCORE = Metric(
+    "relevance_score",
+    "histogram",
+    "Relevance score of a (query, text) pair, 0 to 1 (text-ranking).",
+    MV,
+    SCORE_BUCKETS,
+)
+SPARSE_TERMS = Metric(
+    "sparse_terms",
+    "histogram",
+    "Terms with a weight above 0 in a text's sparse embedding (sparse-embedding).",
+    MV,
+    TERMS_BUCKETS,
+)
+ENTITIES_PER_TEXT = Metric(
+    "entities_per_text",
+    "histogram",
+    "Entities found in a text, grouped as the simple strategy does (token-classification).",
+    MV,
+    ENTITY_BUCKETS,
+)
+ENTITIES = Metric(
+    "entities_total",
+    "counter",
+    "Entities found, by type (token-classification; the simple strategy's groups).",
+    (*MV, "entity"),
+)
 DRIFT = Metric(
     "drift_score",
     "gauge",
@@ -134,6 +165,10 @@ FRONTEND = (
     PREDICTED_CLASS,
     CONFIDENCE,
     EMBEDDING_NORM,
+    RELEVANCE_SCORE,
+    SPARSE_TERMS,
+    ENTITIES_PER_TEXT,
+    ENTITIES,
     DRIFT,
     KEY_REQUESTS,
     ROLLOUT_WEIGHT,

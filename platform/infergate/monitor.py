@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from infergate import tasks
 from infergate.counters import VersionCounters
 from infergate.drift import DriftWindow
 from infergate.runtime import ModelRuntime, Prediction
@@ -45,15 +46,25 @@ class Monitors:
         served = runtime.served
         key = f"{served.name}/{served.version}"
         counters = self.counters.setdefault(key, VersionCounters())
-        raw = prediction.raw if prediction is not None else None
-        counters.add(status, seconds, raw, runtime.spec.labels)
+        figures = None
+        if prediction is None:
+            counters.count(status, seconds, None)
+        else:
+            task = tasks.get(runtime.spec.task)
+            figures = prediction.figures or task.figures(
+                prediction.raw, prediction.batch, prediction.labels
+            )
+            shares, classes = task.counter_shares(
+                figures, prediction.raw, prediction.batch, prediction.labels
+            )
+            counters.count(status, seconds, shares, classes)
         if prediction is not None and runtime.reference:
             window = self.windows.get((served.name, served.version))
             if window is None:
                 window = DriftWindow(runtime.reference, runtime.spec.task, clock=self.clock)
                 self.windows[(served.name, served.version)] = window
             batch = prediction.batch
-            window.add(batch.lengths, batch.unknown_ratio, prediction.raw)
+            window.add(batch.lengths, batch.unknown_ratio, prediction.raw, figures=figures)
         now = self.clock()
         if now - self._published_at >= self.publish_interval_s:
             self._published_at = now

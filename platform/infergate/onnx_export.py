@@ -43,6 +43,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.transformers.optimizer import optimize_model
 from tqdm import tqdm
 
+from infergate import tasks
 from infergate.errors import RegistrationError
 from infergate.hf_folder import (
     SUPPORTED_ARCHITECTURES,
@@ -60,13 +61,16 @@ __all__ = ["OUTPUT_NAMES", "SUPPORTED_ARCHITECTURES", "BuildResult", "ParityRepo
 
 log = logging.getLogger(__name__)
 
-OUTPUT_NAMES = {"feature-extraction": "embeddings", "text-classification": "logits"}
+OUTPUT_NAMES = {name: task.output_name for name, task in tasks.TASKS.items()}
 PRECISIONS = ("int8", "fp16", "fp32")
 INPUT_NAMES = ("input_ids", "attention_mask")
 OPSET = 18
 
 # Traced with real padding so that the mask handling is traced in its general form.
 _EXPORT_EXAMPLE = ("a short text", "a somewhat longer text, so that this batch needs padding")
+_EXPORT_QUERY = "which text"  # text-ranking traces (query, text) pairs
+# Sample texts: str, or (query, text) for text-ranking.
+Sample = str | tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -87,27 +91,69 @@ class BuildResult:
 class ExportWrapper(torch.nn.Module):
     """Gives a model exactly two int64 inputs and the output infergate serves.
 
-    transformers 5.x models must be called with keyword arguments. Feature extraction
-    returns the attention-masked mean of ``last_hidden_state``, not L2-normalised (the
-    front-end normalises); classification returns the logits.
+    transformers 5.x models must be called with keyword arguments. The head depends on the
+    task (``infergate.tasks``): ``mean_pool`` returns the attention-masked mean of
+    ``last_hidden_state``, not L2-normalised (the front-end normalises); ``logits`` the
+    sequence classifier's logits; ``splade`` SPLADE's term weights, ``log(1 + relu)`` of
+    the masked-LM logits max-pooled over the unpadded tokens, ``[batch, vocabulary]``.
+
+    Token type ids are computed in the graph, so Triton's models keep two inputs: zeros
+    for single texts; for (query, text) pairs, 1 from the token after the first
+    ``[SEP]`` on, as BERT's pair template ``[CLS] A [SEP] B [SEP]`` numbers them
+    (``build`` checks that rule against the tokenizer's own type ids).
     """
 
-    def __init__(self, model: torch.nn.Module, task: str) -> None:
+    def __init__(
+        self, model: torch.nn.Module, task: str, segment_sep_id: int | None = None
+    ) -> None:
         super().__init__()
         self.model = model
-        self.mean_pool = task == "feature-extraction"
+        self.head = tasks.get(task).head
         self.pass_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
+        self.segment_sep_id = segment_sep_id
+
+    def token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.segment_sep_id is None:
+            return torch.zeros_like(input_ids)
+        is_sep = (input_ids == self.segment_sep_id).to(input_ids.dtype)
+        return ((torch.cumsum(is_sep, dim=1) - is_sep) > 0).to(input_ids.dtype)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if self.pass_token_types:
-            kwargs["token_type_ids"] = torch.zeros_like(input_ids)
+            kwargs["token_type_ids"] = self.token_types(input_ids)
         out = self.model(**kwargs)
-        if not self.mean_pool:
+        if self.head == "logits":
             return out.logits
+        if self.head == "splade":  # log(1 + relu), max over the text's tokens
+            mask = attention_mask.unsqueeze(-1).to(out.logits.dtype)
+            weights = torch.log1p(torch.relu(out.logits)) * mask  # >= 0: padding adds 0
+            return weights.max(dim=1).values
         mask = attention_mask.unsqueeze(-1).to(out.last_hidden_state.dtype)
         summed = (out.last_hidden_state * mask).sum(dim=1)
         return summed / mask.sum(dim=1).clamp(min=1e-9)
+
+
+def segment_rule(tokenizer: Any, config: Any) -> int | None:
+    """The ``[SEP]`` id whose first occurrence starts segment 1 of a pair, if the model
+    has segment embeddings; None (all zeros) if it has none. Raises RegistrationError if
+    the tokenizer numbers a pair's segments another way."""
+    if int(getattr(config, "type_vocab_size", 1) or 1) < 2:
+        return None  # RoBERTa-like: one segment embedding, pairs tell apart by separators
+    sep = tokenizer.sep_token_id
+    enc = tokenizer([_EXPORT_QUERY] * 2, list(_EXPORT_EXAMPLE), padding=True)
+    if sep is None or "token_type_ids" not in enc:
+        raise RegistrationError("text-ranking needs a tokenizer that encodes text pairs")
+    ids = torch.tensor(enc["input_ids"])
+    mask = torch.tensor(enc["attention_mask"])
+    wrapper = ExportWrapper(torch.nn.Identity(), "feature-extraction", int(sep))
+    expected = torch.tensor(enc["token_type_ids"]) * mask
+    if not torch.equal(wrapper.token_types(ids) * mask, expected):
+        raise RegistrationError(
+            "the tokenizer's token type ids for a (query, text) pair are not 0 up to the "
+            "first separator and 1 after it; infergate cannot reproduce them in the graph"
+        )
+    return int(sep)
 
 
 def build(
@@ -117,14 +163,15 @@ def build(
     out_dir: Path,
     *,
     max_length: int | None = None,
-    sample_texts: Sequence[str] | None = None,
+    sample_texts: Sequence[Sample] | None = None,
     progress: bool = True,
 ) -> BuildResult:
-    """Export ``model_dir`` for ``task`` ("feature-extraction" or "text-classification") at
+    """Export ``model_dir`` for ``task`` (a name of ``infergate.tasks.TASKS``) at
     ``precision`` ("int8", "fp16" or "fp32") into ``out_dir``.
 
     ``max_length`` defaults to the tokenizer's limit capped by the position embeddings;
-    ``sample_texts`` to ``parity.DEFAULT_SAMPLE_TEXTS``. Raises :class:`RegistrationError`
+    ``sample_texts`` to ``parity.DEFAULT_SAMPLE_TEXTS`` (text-ranking: consecutive ones
+    paired as (query, text)). Raises :class:`RegistrationError`
     with a one-line message for a bad folder, task, precision, tokenizer or architecture, a
     failed export, or parity over tolerance; nothing is written to ``out_dir`` then.
     """
@@ -135,7 +182,8 @@ def build(
         raise RegistrationError(
             f"precision {precision!r} is not supported; use one of {list(PRECISIONS)}"
         )
-    texts = list(DEFAULT_SAMPLE_TEXTS if sample_texts is None else sample_texts)
+    served = tasks.get(task)
+    texts = list(default_samples(task) if sample_texts is None else sample_texts)
     if not texts:
         raise RegistrationError("sample_texts is empty; the parity check needs at least one")
     output_name = OUTPUT_NAMES[task]
@@ -156,18 +204,34 @@ def build(
         with step("load"), transformers_quiet(not progress):
             model_type, config = load_config(model_dir)
             tokenizer = load_tokenizer(model_dir, int(config.vocab_size))
-            wrapper = ExportWrapper(load_model(model_dir, task), task).eval()
-            labels = labels_of(config) if task == "text-classification" else []
+            pairs = task == "text-ranking"
+            segments = segment_rule(tokenizer, config) if pairs else None
+            wrapper = ExportWrapper(load_model(model_dir, task), task, segments).eval()
+            labels = labels_of(config) if served.needs_labels else []
             max_length = max_length_of(config, tokenizer, model_type, max_length)
 
-        def encode(batch: Sequence[str]) -> dict[str, np.ndarray]:
-            enc = tokenizer(list(batch), padding=True, truncation=True, max_length=max_length)
+        def encode(batch: Sequence[Sample]) -> dict[str, np.ndarray]:
+            items = list(batch)
+            if items and isinstance(items[0], tuple):  # (query, text) pairs
+                first, second = [p[0] for p in items], [p[1] for p in items]
+                enc = tokenizer(first, second, padding=True, truncation=True,
+                                max_length=max_length)  # fmt: skip
+            else:
+                enc = tokenizer(items, padding=True, truncation=True, max_length=max_length)
             return {name: np.asarray(enc[name], dtype=np.int64) for name in INPUT_NAMES}
 
         with step("export"):
-            example = encode(_EXPORT_EXAMPLE)
+            example_texts: list[Sample] = list(_EXPORT_EXAMPLE)
+            if pairs:
+                example_texts = [(_EXPORT_QUERY, text) for text in _EXPORT_EXAMPLE]
+            example = encode(example_texts)
             output_dim = _output_dim(wrapper, example, labels)
-            _export(wrapper, example, work / "exported.onnx", output_name)
+            if pairs and output_dim not in (1, 2):
+                raise RegistrationError(
+                    f"a text-ranking model (cross-encoder) has 1 output (a relevance logit) "
+                    f"or 2 (not relevant, relevant); this one has {output_dim}"
+                )
+            _export(wrapper, example, work / "exported.onnx", output_name, served.per_token)
         with step("optimise"):
             optimised = _optimise(work, config, model_type)
         with step(precision):
@@ -208,7 +272,17 @@ def _output_dim(wrapper: ExportWrapper, example: dict[str, np.ndarray], labels: 
     return dim
 
 
-def _export(wrapper: ExportWrapper, example: dict, path: Path, output_name: str) -> None:
+def default_samples(task: str) -> list[Sample]:
+    """The parity check's sample inputs for ``task``."""
+    texts = list(DEFAULT_SAMPLE_TEXTS)
+    if task == "text-ranking":
+        return [(texts[i - 1], text) for i, text in enumerate(texts)]
+    return list(texts)
+
+
+def _export(
+    wrapper: ExportWrapper, example: dict, path: Path, output_name: str, per_token: bool = False
+) -> None:
     args = tuple(torch.from_numpy(example[name]) for name in INPUT_NAMES)
     axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
     common: dict[str, Any] = {
@@ -223,7 +297,8 @@ def _export(wrapper: ExportWrapper, example: dict, path: Path, output_name: str)
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.filterwarnings("ignore", message=".*aten::index operator of advanced")
-            dynamic_axes = {**axes, output_name: {0: "batch"}}
+            output_axes = {0: "batch", 1: "sequence"} if per_token else {0: "batch"}
+            dynamic_axes = {**axes, output_name: output_axes}
             torch.onnx.export(
                 wrapper, args, str(path), dynamic_axes=dynamic_axes, dynamo=False, **common
             )

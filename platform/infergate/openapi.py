@@ -16,9 +16,13 @@ class PredictBody(BaseModel):
         description="One text, or a list of texts (one output per text).",
         examples=["I love this film", ["first text", "second text"]],
     )
-    parameters: dict[str, bool] = Field(
+    parameters: dict[str, bool | str | int] = Field(
         default_factory=dict,
-        description="Optional. feature-extraction: 'normalize' (default true) L2-normalises.",
+        description="Optional, per task. feature-extraction: 'normalize' (default true) "
+        "L2-normalises. text-ranking: 'query' (required), the query each text is scored "
+        "against; 'raw_scores' (default false): log-odds instead of 0..1 scores. "
+        "sparse-embedding: 'top_k', the k heaviest terms only. token-classification: "
+        "'aggregation_strategy', none, simple (default), first, max or average.",
     )
 
 
@@ -28,13 +32,62 @@ class Classification(BaseModel):
     scores: dict[str, float]
 
 
+class Relevance(BaseModel):
+    score: float = Field(description="Relevance to the query, 0 to 1 (or log-odds).")
+
+
+class SparseVector(BaseModel):
+    indices: list[int] = Field(description="Token ids with a weight above 0, heaviest first.")
+    values: list[float]
+
+
+class Entity(BaseModel):
+    entity: str = Field(description="The entity type (the token's label with 'none').")
+    score: float
+    start: int = Field(description="Character offset of its start in the text.")
+    end: int = Field(description="Character offset just past its end.")
+    word: str = Field(description="text[start:end].")
+    index: int | None = Field(None, description="The token's position ('none' only).")
+
+
 class PredictResponse(BaseModel):
     model: str
     version: str
-    outputs: list[Classification] | list[list[float]] = Field(
-        description="Per input: label and scores (text-classification) or a vector "
-        "(feature-extraction)."
+    outputs: (
+        list[Classification]
+        | list[list[float]]
+        | list[Relevance]
+        | list[SparseVector]
+        | list[list[Entity]]
+    ) = Field(
+        description="Per input: label and scores (text-classification), a vector "
+        "(feature-extraction), a relevance score (text-ranking), a sparse vector "
+        "(sparse-embedding), its entities (token-classification)."
     )
+
+
+class RerankBody(BaseModel):
+    query: str = Field(examples=["What is Deep Learning?"])
+    texts: list[str] = Field(description="The texts to rank against the query.")
+    top_n: int | None = Field(None, ge=1, description="Return the best n only.")
+    return_text: bool = Field(False, description="Include each text in its result.")
+    raw_scores: bool = Field(False, description="Log-odds instead of 0..1 scores.")
+    model: str | None = Field(
+        None,
+        description="POST /rerank only: the text-ranking model; without it, the only one served.",
+    )
+
+
+class RerankResult(BaseModel):
+    index: int = Field(description="Position of the text in the request's texts.")
+    score: float
+    text: str | None = Field(None, description="With return_text.")
+
+
+class RerankResponse(BaseModel):
+    model: str
+    version: str
+    results: list[RerankResult] = Field(description="Best first.")
 
 
 class VersionInfo(BaseModel):
@@ -299,6 +352,23 @@ def _predict_operation(summary: str) -> dict[str, Any]:
     }
 
 
+def _rerank_operation(summary: str, tei: bool) -> dict[str, Any]:
+    ok: dict[str, Any] = _json(RerankResponse, "Results, best first")
+    if tei:
+        schema = {"type": "array", "items": _ref(RerankResult)}
+        ok = {
+            "description": "Results, best first",
+            "content": {"application/json": {"schema": schema}},
+        }
+    responses = {"200": {**ok, "headers": TIMING_HEADERS}}
+    responses.update({code: _json(ErrorBody, text) for code, text in ERRORS.items()})
+    return {
+        "summary": summary,
+        "requestBody": {"required": True, **_json(RerankBody, "Query and texts")},
+        "responses": responses,
+    }
+
+
 def _embeddings_operation() -> dict[str, Any]:
     responses = {"200": {**_json(EmbeddingsResponse, "Embeddings"), "headers": TIMING_HEADERS}}
     responses.update({code: _json(OpenAIErrorBody, text) for code, text in ERRORS.items()})
@@ -312,7 +382,8 @@ def _embeddings_operation() -> dict[str, Any]:
 @cache
 def openapi_document() -> dict[str, Any]:
     models: list[type[BaseModel]] = [
-        PredictBody, Classification, PredictResponse, VersionInfo, ModelInfo, ModelList,
+        PredictBody, Classification, Relevance, SparseVector, Entity, PredictResponse,
+        RerankBody, RerankResult, RerankResponse, VersionInfo, ModelInfo, ModelList,
         ErrorBody, EmbeddingsBody, Embedding, Usage, EmbeddingsResponse, OpenAIModel,
         OpenAIModelList, OpenAIError, OpenAIErrorBody,
         *V2_MODELS,
@@ -332,6 +403,17 @@ def openapi_document() -> dict[str, Any]:
                 "post": {**_predict_operation("Predict with a model"), "parameters": [name]}
             },
             "/predict": {"post": _predict_operation("Predict with the default model")},
+            "/v1/models/{name}/rerank": {
+                "post": {
+                    **_rerank_operation("Rank texts against a query (text-ranking)", False),
+                    "parameters": [name],
+                }
+            },
+            "/rerank": {
+                "post": _rerank_operation(
+                    "Rerank in TEI's shape (the only text-ranking model)", True
+                )
+            },
             "/v1/models": {"get": {"responses": {"200": _json(ModelList, "Served models")}}},
             "/v1/models/{name}": {
                 "get": {

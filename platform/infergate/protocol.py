@@ -20,7 +20,14 @@ if TYPE_CHECKING:
     from infergate.runtime import ModelRuntime, Prediction
 
 ALLOWED_KEYS = frozenset({"inputs", "parameters"})
-PARAMETERS = {"normalize": bool}
+# Every task's request parameters (infergate.tasks); a model refuses those of others.
+PARAMETERS = {
+    "normalize": bool,
+    "query": str,
+    "raw_scores": bool,
+    "top_k": int,
+    "aggregation_strategy": str,
+}
 EXAMPLE = '{"inputs": "I love this film"} or {"inputs": ["first text", "second text"]}'
 
 
@@ -94,7 +101,9 @@ def parse_predict(body: bytes, limits: Limits) -> PredictRequest:
     if "inputs" not in payload:
         raise InvalidInput(f"field 'inputs' is missing; expected {EXAMPLE}", param="inputs")
     texts = validate_texts(payload["inputs"], limits, "inputs")
-    parameters = check_parameters(payload.get("parameters"), PARAMETERS, "all for embedding models")
+    parameters = check_parameters(
+        payload.get("parameters"), PARAMETERS, "each for the models of some tasks"
+    )
     return PredictRequest(texts=texts, parameters=parameters)
 
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from infergate.tasks import Figures
 
 # Token counts include special tokens; the last bin is open-ended.
 TOKEN_LENGTH_EDGES = (0.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, float("inf"))
@@ -44,28 +47,35 @@ def reference_stats(
     unknown_ratio: np.ndarray,
     outputs: np.ndarray,
     labels: Sequence[str] = (),
+    figures: Figures | None = None,
 ) -> dict[str, Any]:
     """Statistics of a reference text set run through the registered model.
 
-    ``outputs`` are class probabilities (text-classification) or raw, not yet
-    normalised embeddings (feature-extraction).
+    ``outputs`` are what the task's statistics are taken from (``Prediction.raw``): class
+    probabilities (text-classification), raw, not yet normalised embeddings
+    (feature-extraction), ...; ``figures`` their per-text figures if already taken.
     """
+    from infergate import tasks
+
+    served = tasks.get(task)
+    if figures is None:
+        figures = served.figures(outputs, None, labels)
     stats: dict[str, Any] = {
         "n_texts": len(lengths),
         "token_length": asdict(Histogram.of(lengths, TOKEN_LENGTH_EDGES)),
         "token_length_mean": float(np.mean(lengths)),
         "unknown_token_ratio_mean": float(np.mean(unknown_ratio)),
     }
-    if task == "text-classification":
-        predicted = outputs.argmax(axis=-1)
-        shares = np.bincount(predicted, minlength=len(labels)) / max(len(predicted), 1)
-        stats["class_distribution"] = dict(zip(labels, shares.tolist(), strict=True))
-        stats["confidence"] = asdict(Histogram.of(outputs.max(axis=-1), CONFIDENCE_EDGES))
-        stats["confidence_mean"] = float(outputs.max(axis=-1).mean())
-    else:
-        norms = np.linalg.norm(outputs, axis=-1)
-        stats["embedding_norm"] = asdict(Histogram.of(norms, quantile_edges(norms)))
-        stats["embedding_norm_mean"] = float(norms.mean())
-        unit = outputs / np.maximum(norms[:, None], 1e-12)
+    values = figures.values
+    edges = served.value_edges or quantile_edges(values)
+    stats[served.value_key] = asdict(Histogram.of(values, edges))
+    stats[f"{served.value_key}_mean"] = float(values.mean())
+    if served.category_key and figures.categories is not None:
+        counts = figures.categories.sum(axis=0)
+        shares = counts / max(float(counts.sum()), 1.0)
+        names = figures.names or tuple(str(i) for i in range(len(counts)))
+        stats[served.category_key] = dict(zip(names, shares.tolist(), strict=True))
+    if served.centroid:
+        unit = outputs / np.maximum(values[:, None], 1e-12)
         stats["centroid"] = unit.mean(axis=0).astype(float).round(6).tolist()
     return stats

@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from infergate import tasks
 from infergate.batching import Backend
-from infergate.errors import InvalidInput
 from infergate.metrics import INFERENCE, POSTPROCESS, TOKENIZE, Stage
-from infergate.postprocess import classification_outputs, l2_normalize, softmax
+from infergate.tasks import Figures
 from infergate.tokenization import Batch, TextTokenizer
 from infergate.versions import ServedVersion, Spec
 
@@ -39,11 +39,13 @@ class Timings:
 
 @dataclass(frozen=True)
 class Prediction:
-    outputs: Any  # list of dicts (classification) or a 2-D array (embeddings)
+    outputs: Any  # one answer per text: the task's (infergate.tasks)
     batch: Batch
-    raw: np.ndarray  # probabilities or raw embeddings, for statistics
+    raw: np.ndarray  # what statistics are taken from: probabilities, raw embeddings...
     timings: Timings
-    labels: list[str]  # class names (text-classification), [] for embeddings
+    labels: list[str]  # the model's labels (classes, token labels), [] for others
+    figures: Figures | None = None  # per-text figures of ``raw``, for metrics and drift
+    task: str = ""  # the task's name; "" (hand-made in tests): told by ``labels``
 
 
 class ModelRuntime:
@@ -60,6 +62,7 @@ class ModelRuntime:
         self.spec = spec
         self.tokenizer = tokenizer
         self.triton_model = served.triton_model
+        self.task = tasks.get(spec.task)
         self.reference = reference or {}  # the registration's statistics, for drift
         self.in_flight = 0  # requests inside predict: a version leaving waits for them
 
@@ -70,13 +73,10 @@ class ModelRuntime:
     async def predict(
         self, texts: list[str], parameters: dict[str, Any], backend: Backend
     ) -> Prediction:
-        if "normalize" in parameters and self.spec.task != "feature-extraction":
-            raise InvalidInput(
-                f"parameter 'normalize' applies to embedding models; {self.served.name!r} "
-                f"is a {self.spec.task} model"
-            )
+        task = self.task
+        task.check_parameters(parameters, self.served.name)
         start = time.perf_counter()
-        batch = self.tokenizer(texts)
+        batch = task.tokenize(self.tokenizer, texts, parameters)
         tokenized = time.perf_counter()
         self.in_flight += 1
         try:
@@ -86,14 +86,12 @@ class ModelRuntime:
         finally:
             self.in_flight -= 1
         inferred = time.perf_counter()
-        if self.spec.task == "text-classification":
-            raw = softmax(raw)
-            outputs: Any = classification_outputs(raw, self.spec.labels)
-        else:
-            outputs = l2_normalize(raw) if parameters.get("normalize", True) else raw
+        labels = self.spec.labels
+        outputs, raw = task.postprocess(raw, batch, texts, labels, parameters)
+        figures = task.figures(raw, batch, labels)
         done = time.perf_counter()
         timings = Timings(tokenized - start, inferred - tokenized, done - inferred)
-        return Prediction(outputs, batch, raw, timings, self.spec.labels)
+        return Prediction(outputs, batch, raw, timings, labels, figures, task.name)
 
 
 class Counted(Protocol):

@@ -23,9 +23,8 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
-import numpy as np
-
 from infergate import metrics as m
+from infergate import tasks
 from infergate.runtime import Prediction
 
 
@@ -181,15 +180,14 @@ class RayTelemetry:
         truncated = int(batch.truncated.sum())
         if truncated:
             totals.inc(m.TRUNCATED, mv, truncated)
-        raw = prediction.raw
-        if raw.ndim == 2 and prediction.labels:
-            predicted = np.bincount(raw.argmax(axis=-1), minlength=len(prediction.labels))
-            for label, count in zip(prediction.labels, predicted.tolist(), strict=True):
+        task = tasks.of(prediction)
+        figures = prediction.figures or task.figures(prediction.raw, batch, prediction.labels)
+        totals.observe(task.value_metric, mv, figures.values.tolist())
+        if task.category_metric is not None and figures.categories is not None:
+            counts = figures.categories.sum(axis=0)
+            for name, count in zip(figures.names, counts.tolist(), strict=True):
                 if count:
-                    totals.inc(m.PREDICTED_CLASS, (*mv, label), count)
-            totals.observe(m.CONFIDENCE, mv, raw.max(axis=-1).tolist())
-        else:
-            totals.observe(m.EMBEDDING_NORM, mv, np.linalg.norm(raw, axis=-1).tolist())
+                    totals.inc(task.category_metric, (*mv, name), count)
 
     def flush(self) -> None:
         for name, tags, value in self.totals.samples():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -14,6 +15,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+# MLflow's telemetry client starts in a thread of the first MLflow call and writes
+# os.environ (_MLFLOW_TELEMETRY_SESSION_ID) while other threads read it: a test's MLflow
+# request once failed with KeyError '_MLFLOW_TELEMETRY_SESSION_ID' from urllib's scan of
+# the environment for proxies. There is no internet here to send telemetry to anyway.
+# Set before MLflow is imported; the stacks' processes inherit it.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from infergate.config import TritonSettings
 from infergate.processes import free_ports
@@ -261,3 +269,27 @@ class Load:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=60)
+
+
+# -- the README's curl examples ------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS_SECTION = "### Other tasks"  # its examples name the models test_tasks.py registers
+
+
+def readme_curl_commands(section: str | None = None, skip_section: str | None = None) -> list[str]:
+    """The curl commands of the README's bash blocks: all of them, those under the heading
+    starting ``section`` only, or all but those under ``skip_section``."""
+    text = (ROOT / "README.md").read_text()
+    parts = re.split(r"\n(?=#{2,3} )", text)
+    if section is not None:
+        parts = [part for part in parts if part.startswith(section)]
+    if skip_section is not None:
+        parts = [part for part in parts if not part.startswith(skip_section)]
+    commands = []
+    for part in parts:
+        for block in re.findall(r"```bash\n(.*?)```", part, flags=re.S):
+            for command in re.split(r"\n(?=\S)", block.replace("\\\n", " ")):
+                if command.strip().startswith("curl"):
+                    commands.append(command.strip())
+    return commands

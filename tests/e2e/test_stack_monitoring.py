@@ -13,8 +13,16 @@ from conftest import Stack, clone_version, predict
 from infergate.dashboards.generate import render_all
 from infergate.dashboards.promql import expand
 from infergate.registry import Registry
+from tiny_models import tiny_bert
 
 pytestmark = pytest.mark.e2e
+# (task, model name, labels, request parameters) of a tiny model for each output panel
+# the demo models lack.
+OTHER_TASKS = [
+    ("text-ranking", "monitored-rerank", ("relevance",), {"query": "film"}),
+    ("sparse-embedding", "monitored-splade", ("sad", "happy"), {}),
+    ("token-classification", "monitored-ner", ("O", "B-PER", "I-PER", "B-LOC"), {}),
+]
 
 
 def panel_queries() -> list[tuple[str, str, str]]:
@@ -27,6 +35,14 @@ def panel_queries() -> list[tuple[str, str, str]]:
 
 
 def test_every_panel_query_returns_data(stack: Stack, http: httpx.Client, tmp_path):
+    # The other tasks' output panels need their models: a tiny one each.
+    for task, name, labels, _ in OTHER_TASKS:
+        folder = tiny_bert(tmp_path / name, task, labels=labels)
+        registered = stack.cli(
+            "register", str(folder), "--name", name, "--task", task, "--precision", "fp32",
+            "--alias", "champion", "--quiet", "--tracking-uri", stack.mlflow,
+        )  # fmt: skip
+        assert registered.returncode == 0, registered.stderr[-2000:]
     # The rollout panels need a canary: sentiment gets one, at half the traffic.
     canary = clone_version(Registry(stack.mlflow), "sentiment", "1", tmp_path)
     started = stack.cli("canary", "start", "sentiment", "--version", canary, "--weight", "50",
@@ -50,6 +66,8 @@ def check_every_panel(stack: Stack, http: httpx.Client) -> None:
         # Fresh samples for every rate() window, and past the drift windows' 50 texts.
         for model in ("sentiment", "embed"):
             predict(http, model, ["I love this film", "This is terrible"] * 16)
+        for _, name, _, parameters in OTHER_TASKS:  # 503 until the new champion is served
+            predict(http, name, ["a good film", "bad food"] * 16, parameters=parameters)
         empty = []
         for board, title, expr in queries:
             body = httpx.get(url, params={"query": expand(expr, rate_interval="1m")}).json()

@@ -571,7 +571,7 @@ def test_bad_requests_over_http(client, triton):
                 json={"inputs": [tensor()], "parameters": {"normalize": False}},
             ),
             422,
-            "applies to embedding models",
+            "applies to feature-extraction models",
         ),
         (client.get("/v2/models/sentiment/infer"), 405, "use POST"),
     ]

@@ -1,11 +1,14 @@
 """In-process metric totals: Prometheus histogram semantics, exact sums, every series a
 replica sets declared once."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from infergate import metrics as m
 from infergate.runtime import Prediction, Timings
+from infergate.tasks import Figures
 from infergate.telemetry import RayTelemetry, Totals, series_definitions
 from infergate.tokenization import Batch
 
@@ -71,6 +74,14 @@ def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
     telemetry.request("s", "1", 200, prediction(np.array([[0.2, 0.8], [0.9, 0.1]]),
                                                 ["neg", "pos"]), 0.004)  # fmt: skip
     telemetry.request("e", "1", 200, prediction(np.ones((3, 8)), []), 0.003)
+    ranked = replace(prediction(np.array([[0.9], [0.2]]), []), task="text-ranking")
+    telemetry.request("r", "1", 200, ranked, 0.003)
+    sparse = replace(prediction(np.array([[0.0, 1.2, 0.3]]), []), task="sparse-embedding")
+    telemetry.request("p", "1", 200, sparse, 0.003)
+    entities = Figures(np.array([2.0]), np.array([[1.0, 1.0]]), ("LOC", "PER"))
+    tagged = replace(prediction(np.zeros((1, 4, 3)), ["O", "B-LOC", "B-PER"]),
+                     task="token-classification", figures=entities)  # fmt: skip
+    telemetry.request("n", "1", 200, tagged, 0.003)
     telemetry.request("s", "1", 404, None, 0.001)
     telemetry.caller("search-team", "s", 429)
     assert not any(g.values for g in gauges.values())  # nothing reaches Ray before a flush

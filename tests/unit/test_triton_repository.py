@@ -148,7 +148,7 @@ def test_gpu_setting_places_instances_on_gpus() -> None:
 @pytest.mark.parametrize(
     ("name", "output_name", "output_dim", "message"),
     [
-        ("m__v1", "scores", 2, "output_name"),
+        ("m__v1", "probabilities", 2, "output_name"),
         ("m__v1", "logits", 0, "output_dim"),
         ("../escape", "logits", 2, "not a valid Triton model name"),
         ("", "logits", 2, "not a valid Triton model name"),

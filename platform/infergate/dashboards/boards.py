@@ -64,6 +64,13 @@ def class_shares(*matchers: str) -> str:
     return f"{per_class}\n  / ignoring (class) group_left\n  {total}"
 
 
+def entity_shares(*matchers: str) -> str:
+    """Share of each entity type among a version's entities."""
+    per_type = sum_by(f"{MV}, entity", rate(m.ENTITIES.full_name, *matchers))
+    total = sum_by(MV, rate(m.ENTITIES.full_name, *matchers))
+    return f"{per_type}\n  / ignoring (entity) group_left\n  {total}"
+
+
 def drift(matcher: str) -> str:
     by = "model, version, feature" + ("" if matcher == PSI else ", method")
     return f"max by ({by}) ({selector(m.DRIFT.full_name, *MODEL_VERSION, matcher)})"
@@ -184,6 +191,30 @@ def model() -> Dashboard:
             (Query(heatmap(m.EMBEDDING_NORM, *mv)),),
             kind="heatmap",
             description="feature-extraction versions.",
+        ),
+        Panel(
+            "Relevance score (text-ranking)",
+            (Query(heatmap(m.RELEVANCE_SCORE, *mv)),),
+            kind="heatmap",
+            unit="percentunit",
+            description="Score of each (query, text) pair a cross-encoder ranked, 0 to 1.",
+        ),
+        Panel(
+            "Sparse terms per text (p50 / p95, sparse-embedding)",
+            percentiles(m.SPARSE_TERMS, (0.5, 0.95), *mv),
+            description="Vocabulary terms with a weight above 0 in a text's SPLADE vector.",
+        ),
+        Panel(
+            "Entities per text (p50 / p95, token-classification)",
+            percentiles(m.ENTITIES_PER_TEXT, (0.5, 0.95), *mv),
+            description="Entities found in a text, grouped as the simple strategy does.",
+        ),
+        Panel(
+            "Entity types (token-classification)",
+            (Query(entity_shares(*mv), MV_LEGEND + " {{entity}}"),),
+            unit="percentunit",
+            min_value=0,
+            description="Share of each entity type among the entities found.",
         ),
     )
     inputs = (

@@ -5,9 +5,10 @@ Triton's Python-backend stub, the only place ``triton_python_backend_utils`` exi
 rest of infergate never imports it. It depends on numpy and onnxruntime only.
 
 Contract of ``model.onnx`` next to it: inputs ``input_ids`` and ``attention_mask`` (int64,
-``[batch, sequence]``), one float32 output ``[batch, dim]`` whose name is the output in
-``config.pbtxt`` (``embeddings`` or ``logits``). The model must pool with the attention
-mask, which is what makes the right-padding below invisible in its results.
+``[batch, sequence]``), one float32 output ``[batch, dim]`` (or ``[batch, sequence, dim]``
+for per-token outputs) whose name is the output in ``config.pbtxt``. The model must use
+the attention mask, which is what makes the right-padding below invisible in its
+results; a per-token output is cut back to each request's own sequence length.
 
 Python-backend API: https://github.com/triton-inference-server/python_backend#usage
 """
@@ -108,8 +109,12 @@ class TritonPythonModel:
         for index, request_ids, _ in items:
             stop = start + request_ids.shape[0]
             # Row slices of a C-contiguous array are contiguous views; no copy until Triton
-            # moves them into the response's shared memory.
-            tensor = pb_utils.Tensor(self.output_name, output[start:stop])
+            # moves them into the response's shared memory. Per-token rows lose the padding
+            # that other requests' longer sequences added (a copy, as Triton needs).
+            rows = output[start:stop]
+            if rows.ndim == 3 and rows.shape[1] != request_ids.shape[1]:
+                rows = np.ascontiguousarray(rows[:, : request_ids.shape[1]])
+            tensor = pb_utils.Tensor(self.output_name, rows)
             responses[index] = pb_utils.InferenceResponse(output_tensors=[tensor])
             start = stop
 

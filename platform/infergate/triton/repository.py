@@ -35,10 +35,14 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from infergate.config import TritonSettings
+from infergate.tasks import TASKS
 from infergate.versions import ONNX_FILE
 
 INPUT_NAMES = ("input_ids", "attention_mask")
-OUTPUT_NAMES = ("embeddings", "logits")
+OUTPUT_NAMES = tuple(task.output_name for task in TASKS.values())
+# Outputs with one row per token, [batch, sequence, n] (dims [-1, n]); the others are
+# [batch, n].
+PER_TOKEN_OUTPUTS = tuple(task.output_name for task in TASKS.values() if task.per_token)
 MODEL_VERSION_DIR = "1"
 ORT_THREADS_PARAMETER = "ort_intra_op_threads"  # read by backend_model.py
 # Parameters of Triton's ONNX Runtime backend (onnxruntime_backend's README).
@@ -78,6 +82,7 @@ def build_config(
     if settings.backend not in ("python", "onnxruntime"):
         raise ValueError(f"backend {settings.backend!r} must be resolved to python or onnxruntime")
     native = settings.backend == "onnxruntime"
+    dims = [-1, output_dim] if output_name in PER_TOKEN_OUTPUTS else [output_dim]
     kind = mc.ModelInstanceGroup.KIND_GPU if settings.gpu else mc.ModelInstanceGroup.KIND_CPU
     config = mc.ModelConfig(
         name=triton_name,
@@ -93,7 +98,7 @@ def build_config(
             )
             for name in INPUT_NAMES
         ],
-        output=[mc.ModelOutput(name=output_name, data_type=mc.TYPE_FP32, dims=[output_dim])],
+        output=[mc.ModelOutput(name=output_name, data_type=mc.TYPE_FP32, dims=dims)],
         dynamic_batching=mc.ModelDynamicBatching(
             max_queue_delay_microseconds=settings.max_queue_delay_us
         ),

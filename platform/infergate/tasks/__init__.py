@@ -1,0 +1,148 @@
+"""What differs between the tasks infergate serves, each task in one module.
+
+A :class:`Task` says how its graph is exported (the transformers model class and the
+head the export wrapper puts on it), what the graph outputs, how texts are tokenized,
+how the raw output becomes an answer, and which per-text figures its statistics are
+made of: one value per text (a confidence, an embedding norm, a relevance score...) and,
+for some, counts per category (predicted classes, entity types). Reference statistics,
+drift, metrics and the canary counters are computed from those figures alone, so a new
+task is added here, not in each of them.
+
+Pure: numpy and the tokenizer wrapper only (no torch, Ray, Triton or MLflow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from infergate.errors import InvalidInput
+from infergate.metrics import Metric
+
+if TYPE_CHECKING:
+    from infergate.tokenization import Batch, TextTokenizer
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Per-text figures of one batch of outputs, what statistics are made of."""
+
+    values: np.ndarray  # float64 [texts]: the task's value (see Task.value_key)
+    categories: np.ndarray | None = None  # float64 [texts, len(names)]: counts per category
+    names: tuple[str, ...] = ()  # the categories' names
+
+    @classmethod
+    def concat(cls, parts: Sequence[Figures]) -> Figures:
+        values = np.concatenate([p.values for p in parts])
+        categories = [p.categories for p in parts if p.categories is not None]
+        if len(categories) != len(parts):
+            return cls(values)
+        return cls(values, np.concatenate(categories), parts[0].names)
+
+
+class Task:
+    """One served task. Subclasses set the class attributes and override what differs."""
+
+    name: ClassVar[str]
+    output_name: ClassVar[str]  # the graph's and Triton's output
+    # transformers Auto class the export loads, and the head ExportWrapper puts on it:
+    # "mean_pool", "logits" (a sequence or a token classifier's) or "splade" (onnx_export).
+    auto_model: ClassVar[str]
+    head: ClassVar[str]
+    per_token: ClassVar[bool] = False  # output [batch, sequence, n] rather than [batch, n]
+    needs_labels: ClassVar[bool] = False  # config.id2label names the outputs
+    # Request parameters (name -> type) this task takes; protocol.PARAMETERS holds all.
+    parameters: ClassVar[Mapping[str, type]] = {}
+    probe_parameters: ClassVar[Mapping[str, Any]] = {}  # what a readiness probe sends
+    value_key: ClassVar[str]  # the per-text value's name in reference and drift
+    value_metric: ClassVar[Metric]  # its histogram
+    value_edges: ClassVar[tuple[float, ...] | None] = None  # fixed bins; None: deciles
+    category_key: ClassVar[str | None] = None  # categories' shares in the reference
+    category_feature: ClassVar[str] = ""  # their drift feature
+    category_metric: ClassVar[Metric | None] = None  # their counter
+    centroid: ClassVar[bool] = False  # drift also follows the mean direction of ``raw``
+
+    def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
+        """Refuse parameters of other tasks, and values out of range."""
+        for key in parameters:
+            if key not in self.parameters:
+                users = [task.name for task in TASKS.values() if key in task.parameters]
+                raise InvalidInput(
+                    f"parameter {key!r} applies to {' and '.join(users)} models; {model!r} "
+                    f"is a {self.name} model, whose parameters are "
+                    f"{sorted(self.parameters) or 'none'}",
+                    param="parameters",
+                )
+
+    def tokenize(
+        self, tokenizer: TextTokenizer, texts: list[str], parameters: Mapping[str, Any]
+    ) -> Batch:
+        return tokenizer(texts)
+
+    def postprocess(
+        self,
+        raw: np.ndarray,
+        batch: Batch,
+        texts: list[str],
+        labels: Sequence[str],
+        parameters: Mapping[str, Any],
+    ) -> tuple[Any, np.ndarray]:
+        """The answer for the client (one item per text), and the array statistics are
+        taken from (``Prediction.raw``)."""
+        raise NotImplementedError
+
+    def figures(self, raw: np.ndarray, batch: Batch | None, labels: Sequence[str]) -> Figures:
+        """Per-text figures of ``raw`` (what ``postprocess`` returned second)."""
+        raise NotImplementedError
+
+    def counter_shares(
+        self, figures: Figures, raw: np.ndarray, batch: Batch | None, labels: Sequence[str]
+    ) -> tuple[np.ndarray, tuple[str, ...]]:
+        """One request's output shares for the canary comparison (summing to 1, or empty
+        when there is nothing to count) and the classes they are of (``()`` for bins)."""
+        if figures.categories is not None:
+            counts = figures.categories.sum(axis=0)
+            total = counts.sum()
+            return (counts / total if total else np.zeros(0)), figures.names
+        bins = np.searchsorted(self.value_metric.buckets, figures.values)
+        counts = np.bincount(bins, minlength=len(self.value_metric.buckets) + 1)
+        return counts / max(len(figures.values), 1), ()
+
+
+def get(name: str) -> Task:
+    """The task called ``name``; ValueError for another."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"task {name!r} is not supported; use one of {list(TASKS)}") from None
+
+
+def of(prediction: Any) -> Task:
+    """The task of a ``runtime.Prediction``; one made by hand without its task's name is
+    a classifier's if it has labels, else an embedding model's (the original two)."""
+    if prediction.task:
+        return get(prediction.task)
+    return get("text-classification" if prediction.labels else "feature-extraction")
+
+
+def _registry() -> dict[str, Task]:
+    from infergate.tasks.classification import TextClassification
+    from infergate.tasks.embedding import FeatureExtraction
+    from infergate.tasks.ranking import TextRanking
+    from infergate.tasks.sparse import SparseEmbedding
+    from infergate.tasks.tokens import TokenClassification
+
+    tasks: list[Task] = [
+        FeatureExtraction(),
+        TextClassification(),
+        TextRanking(),
+        SparseEmbedding(),
+        TokenClassification(),
+    ]
+    return {task.name: task for task in tasks}
+
+
+TASKS: dict[str, Task] = _registry()

@@ -1,0 +1,46 @@
+"""text-classification: softmax over the sequence classifier's logits, labels from the
+model config."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from infergate import metrics as m
+from infergate.postprocess import classification_outputs, softmax
+from infergate.reference import CONFIDENCE_EDGES
+from infergate.tasks import Figures, Task
+from infergate.tokenization import Batch
+
+
+class TextClassification(Task):
+    name = "text-classification"
+    output_name = "logits"
+    auto_model = "AutoModelForSequenceClassification"
+    head = "logits"
+    needs_labels = True
+    value_key = "confidence"  # the probability of the predicted class
+    value_metric = m.CONFIDENCE
+    value_edges = CONFIDENCE_EDGES
+    category_key = "class_distribution"
+    category_feature = "predicted_class"
+    category_metric = m.PREDICTED_CLASS
+
+    def postprocess(
+        self,
+        raw: np.ndarray,
+        batch: Batch,
+        texts: list[str],
+        labels: Sequence[str],
+        parameters: Mapping[str, Any],
+    ) -> tuple[Any, np.ndarray]:
+        probabilities = softmax(raw)
+        return classification_outputs(probabilities, labels), probabilities
+
+    def figures(self, raw: np.ndarray, batch: Batch | None, labels: Sequence[str]) -> Figures:
+        n_classes = raw.shape[-1]
+        one_hot = np.eye(n_classes)[raw.argmax(axis=-1)]
+        names = tuple(labels) if len(labels) == n_classes else ()
+        return Figures(raw.max(axis=-1).astype(np.float64), one_hot, names)

@@ -1,0 +1,88 @@
+"""text-ranking: a cross-encoder scores (query, text) pairs, as TEI's and Cohere's rerank.
+
+The model is a sequence classifier with one output (the relevance logit; score =
+sigmoid) or two (not relevant, relevant; score = softmax of the second), as
+sentence-transformers' CrossEncoder reads them. Each text is tokenized as the pair
+(query, text), so the pairs of one request batch through Triton like any rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from infergate import metrics as m
+from infergate.errors import InvalidInput
+from infergate.postprocess import softmax
+from infergate.tasks import Figures, Task
+from infergate.tokenization import Batch, TextTokenizer
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow warning for large |x|
+
+
+def relevance(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(scores in [0, 1], raw scores)`` of ``[n, 1]`` or ``[n, 2]`` logits; the raw score
+    is the log-odds of relevance (the logit, or the difference of the two)."""
+    if logits.shape[-1] == 1:
+        raw = logits[:, 0]
+        return sigmoid(raw), raw
+    return softmax(logits)[:, 1], logits[:, 1] - logits[:, 0]
+
+
+class TextRanking(Task):
+    name = "text-ranking"
+    output_name = "scores"
+    auto_model = "AutoModelForSequenceClassification"
+    head = "logits"
+    parameters: ClassVar[Mapping[str, type]] = {"query": str, "raw_scores": bool}
+    probe_parameters: ClassVar[Mapping[str, Any]] = {"query": "readiness probe"}
+    value_key = "relevance_score"
+    value_metric = m.RELEVANCE_SCORE
+
+    def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
+        super().check_parameters(parameters, model)
+        query = parameters.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInput(
+                f"{model!r} is a text-ranking model: it scores texts against a query; send "
+                '"parameters": {"query": "..."} (or use /v1/models/{name}/rerank)',
+                param="parameters",
+            )
+
+    def tokenize(
+        self, tokenizer: TextTokenizer, texts: list[str], parameters: Mapping[str, Any]
+    ) -> Batch:
+        return tokenizer(texts, query=parameters["query"])
+
+    def postprocess(
+        self,
+        raw: np.ndarray,
+        batch: Batch,
+        texts: list[str],
+        labels: Sequence[str],
+        parameters: Mapping[str, Any],
+    ) -> tuple[Any, np.ndarray]:
+        scores, raw_scores = relevance(raw)
+        served = raw_scores if parameters.get("raw_scores", False) else scores
+        return [{"score": score} for score in served.tolist()], scores[:, None]
+
+    def figures(self, raw: np.ndarray, batch: Batch | None, labels: Sequence[str]) -> Figures:
+        return Figures(raw[:, 0].astype(np.float64))
+
+
+def ranked(scores: Sequence[float], texts: Sequence[str], top_n: int | None,
+           return_text: bool) -> list[dict[str, Any]]:  # fmt: skip
+    """``[{"index", "score", "text"?}]`` best first (ties keep the input order), the first
+    ``top_n`` of them."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_n]
+    results = []
+    for index in order:
+        result: dict[str, Any] = {"index": index, "score": scores[index]}
+        if return_text:
+            result["text"] = texts[index]
+        results.append(result)
+    return results

@@ -1,0 +1,63 @@
+"""sparse-embedding: SPLADE's term weights, one vocabulary-sized sparse vector per text.
+
+The graph takes the masked-language-model logits of every token, applies
+``log(1 + relu(logit))`` and max-pools over the text's tokens (the attention mask keeps
+padding out), so Triton sends one ``[vocabulary]`` row per text instead of one per token.
+The front-end keeps the non-zero terms: ``{"indices": [...], "values": [...]}`` per text,
+highest weight first, the ``top_k`` highest only on request.
+Formal definition: Formal et al., "SPLADE v2" (https://arxiv.org/abs/2109.10086), eq. 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from infergate import metrics as m
+from infergate.errors import InvalidInput
+from infergate.tasks import Figures, Task
+from infergate.tokenization import Batch
+
+
+def sparse_terms(weights: np.ndarray, top_k: int | None = None) -> dict[str, list]:
+    """The non-zero entries of one pooled row, highest first (ties: lower index first),
+    the ``top_k`` highest if given."""
+    indices = np.flatnonzero(weights > 0)
+    order = np.lexsort((indices, -weights[indices]))[:top_k]
+    chosen = indices[order]
+    return {"indices": chosen.tolist(), "values": weights[chosen].tolist()}
+
+
+class SparseEmbedding(Task):
+    name = "sparse-embedding"
+    output_name = "term_weights"
+    auto_model = "AutoModelForMaskedLM"
+    head = "splade"
+    parameters: ClassVar[Mapping[str, type]] = {"top_k": int}
+    value_key = "nonzero_terms"  # terms with a weight above 0, per text
+    value_metric = m.SPARSE_TERMS
+
+    def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
+        super().check_parameters(parameters, model)
+        top_k = parameters.get("top_k")
+        if top_k is not None and (isinstance(top_k, bool) or top_k < 1):
+            raise InvalidInput(
+                f"parameter 'top_k' must be a positive integer, got {top_k!r}",
+                param="parameters",
+            )
+
+    def postprocess(
+        self,
+        raw: np.ndarray,
+        batch: Batch,
+        texts: list[str],
+        labels: Sequence[str],
+        parameters: Mapping[str, Any],
+    ) -> tuple[Any, np.ndarray]:
+        top_k = parameters.get("top_k")
+        return [sparse_terms(row, top_k) for row in raw], raw
+
+    def figures(self, raw: np.ndarray, batch: Batch | None, labels: Sequence[str]) -> Figures:
+        return Figures((raw > 0).sum(axis=-1).astype(np.float64))
