@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from infergate.bench.analysis import cell_row
 from infergate.bench.workload import PROBE_TEXTS, TARGET_CELLS
 
 pytestmark = pytest.mark.e2e
@@ -90,7 +91,19 @@ def test_ratios_computed_and_missing_targets_reported(results):
     assert all(t["passed"] is None and "infergate" in t["note"] for t in targets)
 
 
+def quiet_floor(results: dict) -> dict:
+    """The floor's single-text cell; skips the test when other work on the machine made it
+    noisy, as the report then leaves the figures built on it out (and says so)."""
+    floor = cell_row(results, "floor", 32, 1, 16)
+    assert floor is not None
+    if floor.get("noisy"):
+        assert results["cpu_budget"] == []  # nothing is built on a noisy floor
+        pytest.skip(f"other work took {floor['other_cpu_percent']:.0f}% of a core meanwhile")
+    return floor
+
+
 def test_the_floor_bounds_a_ray_serve_front_end(results):
+    quiet_floor(results)
     [budget] = results["cpu_budget"]
     assert budget["tokens"] == 16 and budget["infergate_share"] is None
     # A request through Ray Serve costs CPU even when it does nothing, so the best share a
@@ -106,6 +119,7 @@ def test_the_floor_bounds_a_ray_serve_front_end(results):
 
 
 def test_the_floor_is_paced_to_the_rate_the_single_text_target_asks(results):
+    quiet_floor(results)
     # infergate did not run here, so there is no pace of its own to hold the floor to.
     [paced] = results["scenarios"]["floor"]["paced_cells"]
     assert paced["paced_for"] == "target"
