@@ -274,7 +274,7 @@ class Load:
 # -- the README's curl examples ------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
-TASKS_SECTION = "### Other tasks"  # its examples name the models test_tasks.py registers
+TASKS_SECTION = "### Other tasks"  # its examples name the models test_other_tasks.py registers
 
 
 def readme_curl_commands(section: str | None = None, skip_section: str | None = None) -> list[str]:
