@@ -261,8 +261,8 @@ class Frontend:
         label = self._label(name)
         caller = _caller(request)
         try:
-            if name is not None:
-                self.model_for(request, name)  # refused before its body is read
+            # A model named by the path is looked up (and refused) before the body is read.
+            model = self.model_for(request, name) if name is not None else None
             accept(request.headers.get("content-type"))
             body = await read_body(
                 request,
@@ -271,9 +271,10 @@ class Frontend:
                 slow=self.uploads,
             )
             parsed = parse(body, self.limits)
-            name = name if name is not None else parsed.model
-            label = self._label(name)
-            model = self.model_for(request, name or "")
+            if model is None:  # the body names it (OpenAI's, TEI's)
+                name = parsed.model
+                label = self._label(name)
+                model = self.model_for(request, name or "")
             self.access.admit(caller, len(parsed.texts))
             pinned = version or request.headers.get("x-model-version")
             runtime = model.pick(request.headers.get("x-routing-key"), pinned)

@@ -12,6 +12,7 @@ supervisor puts ours back (``write_error_pages`` is cheap to call every few seco
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 from infergate.errors import BackendUnavailable
@@ -21,6 +22,7 @@ PAGE_NAME = "500.http"  # Ray Serve's page for HAProxy's 502, 503 and 504
 RETRY_AFTER_S = 1
 
 
+@cache
 def error_page() -> bytes:
     """A whole HTTP response, as HAProxy's ``errorfile`` wants it."""
     error = BackendUnavailable("no front-end replica can take the request now; retry shortly")

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 STATE_FILE = "stack.json"
 RESTART_LIMIT = 3  # restarts of one component within RESTART_WINDOW_S before giving up
 RESTART_WINDOW_S = 600.0
+ERROR_PAGES_CHECK_S = 5.0  # how often the ingress's JSON error page is checked for
 PROMETHEUS_TEMPLATE = PROJECT_ROOT / "deployments" / "prometheus.yml"
 
 
@@ -62,6 +63,7 @@ class Stack:
         self.state_dir = config.state_dir
         self.log_dir = config.state_dir / "logs"
         self.ingress_files = config.state_dir / "haproxy"  # its config and error pages
+        self._pages_checked_at = float("-inf")
         self.children: list[Child] = []
         self.registry = Registry(config.mlflow.uri)
         self.control: ControlService | None = None
@@ -239,7 +241,11 @@ class Stack:
         while not stop_requested:
             self.control.run_due()
             if self._serve_started and self.config.serve.fast_ingress:
-                write_error_pages(self.ingress_files)  # Ray Serve's again after a proxy restart
+                now = time.monotonic()
+                if now >= self._pages_checked_at + ERROR_PAGES_CHECK_S:
+                    self._pages_checked_at = now
+                    # Ray Serve writes its own again when its proxy restarts.
+                    write_error_pages(self.ingress_files)
             for child in [c for c in self.children if not c.alive()]:
                 self._start_again(child)
             self.control.wait(0.5)

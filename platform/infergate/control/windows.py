@@ -32,6 +32,7 @@ class StepWindows:
         # Per model: the champion's latest window with enough requests to judge the 100 %
         # step by, and the rollout it was taken in.
         self.champions: dict[str, tuple[Rollout, VersionWindow]] = {}
+        self._saved: str | None = None  # what the file holds, as last written
         if path is not None:
             self._read(path)
 
@@ -76,9 +77,13 @@ class StepWindows:
                 for model, (rollout, window) in self.champions.items()
             },
         }
+        text = json.dumps(data)
+        if text == self._saved:  # most rounds, and every round while no rollout runs
+            return
         partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text(json.dumps(data))
+        partial.write_text(text)
         partial.replace(self.path)
+        self._saved = text
 
     def _read(self, path: Path) -> None:
         try:
