@@ -4,6 +4,7 @@ when a table is published)."""
 import logging
 
 from infergate.config import StackConfig
+from infergate.control.reconcile import ReconcileResult
 from infergate.control.service import ControlService
 
 
@@ -44,3 +45,30 @@ def test_a_failing_round_is_logged_and_tried_again_at_its_next_interval(tmp_path
             now[0] += config.reconcile_interval_s
             service.run_due()
     assert len(attempts) == 3 and caplog.text.count("control loop round failed") == 3
+
+
+def test_a_held_back_version_is_tried_again_at_every_check(tmp_path):
+    """A new version waiting for room in the artifact cache (or for Triton) does not wait
+    for the next reconcile interval: each check wakes a reconcile while it waits."""
+    now = [100.0]
+    config = StackConfig(state_dir=tmp_path)
+    assert config.triton.check_interval_s * 3 < config.reconcile_interval_s
+    service = ControlService(config, Registry(), clock=lambda: now[0])  # type: ignore[arg-type]
+    rounds: list[float] = []
+
+    def reconcile() -> ReconcileResult:
+        rounds.append(now[0])
+        return ReconcileResult()
+
+    service.plane.reconcile = reconcile  # type: ignore[method-assign]
+    service.plane.lacking = dict  # type: ignore[method-assign]
+    service.rollouts.tick = list  # type: ignore[method-assign]
+    service.plane.held_back = {"m__v2"}
+    for _ in range(2):
+        now[0] += config.triton.check_interval_s
+        service.run_due()
+    assert len(rounds) == 2
+    service.plane.held_back = set()  # it loaded
+    now[0] += config.triton.check_interval_s
+    service.run_due()
+    assert len(rounds) == 2

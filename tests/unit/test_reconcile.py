@@ -4,6 +4,7 @@ what gets loaded, what traffic goes where, and what is unloaded when a load fail
 Loading real versions into a real Triton is covered in tests/e2e/test_stack.py.
 """
 
+import errno
 import json
 from types import SimpleNamespace
 
@@ -11,7 +12,7 @@ from fake_triton import FakeTriton
 from infergate.config import TritonSettings
 from infergate.control import reconcile
 from infergate.control.reconcile import ControlPlane
-from infergate.errors import BackendUnavailable
+from infergate.errors import BackendUnavailable, RegistrationError
 from infergate.triton.fleet import TritonFleet
 from infergate.versions import CANARY, CHAMPION, ServedVersion
 
@@ -248,3 +249,44 @@ def test_a_canary_meeting_an_unreachable_triton_waits_rather_than_rolls_back(tmp
     plane.triton.up = True  # back: the next reconcile serves it
     plane.reconcile()
     assert served(plane) == [("1", CHAMPION, 90), ("2", CANARY, 10)]
+
+
+class DiskFullPlane(Plane):
+    """The artifact cache's disk is full while ``full``: reading a new version's files
+    fails as ``Registry.download`` does then, wrapped by the control plane."""
+
+    full = False
+
+    def _load(self, version: ServedVersion, model: str, only: list[str] | None) -> None:
+        if self.full:
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            except OSError as exc:
+                raise RegistrationError(f"its tokenizer cannot be read: {exc}") from exc
+        super()._load(version, model, only)
+
+
+def test_a_canary_meeting_a_full_artifact_cache_waits_rather_than_rolls_back(tmp_path):
+    """A full disk is the place's fault, not the version's: no rollback, and the version is
+    tried again at every check (``held_back``) until the disk has room."""
+    plane = DiskFullPlane(tmp_path, [version("1")])
+    plane.reconcile()
+    plane.wanted = [version("1", weight=90), version("2", CANARY, 10)]
+    plane.full = True
+    result = plane.reconcile()
+    assert "No space left on device" in result.failed["m__v2"]
+    assert plane.failures == [] and plane.held_back == {"m__v2"}
+    assert served(plane) == [("1", CHAMPION, 100)]
+    plane.full = False
+    plane.reconcile()
+    assert plane.held_back == set()
+    assert served(plane) == [("1", CHAMPION, 90), ("2", CANARY, 10)]
+
+
+def test_a_broken_canary_is_not_held_back(tmp_path):
+    plane = Plane(tmp_path, [version("1")])
+    plane.reconcile()
+    plane.wanted = [version("1", weight=90), version("2", CANARY, 10)]
+    plane.broken = {"m__v2"}
+    plane.reconcile()
+    assert plane.failures == [("2", CANARY)] and plane.held_back == set()

@@ -5,11 +5,15 @@ Reads the versions to serve from MLflow, makes sure every Triton has each loaded
 its new traffic table, then unloads versions nothing references any more. A Triton that
 lost a version it served (it restarted empty, or is a new pod) gets it again. A version that
 Triton cannot load, or whose files the front-end replicas could not read, never receives
-traffic; a new champion that fails leaves its model on the champion it had.
+traffic; a new champion that fails leaves its model on the champion it had. A new
+version that meets a fault of the place rather than of its files (Triton away, the
+artifact cache's disk full) is held back without being judged, and tried again at every
+check until it loads.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -37,6 +41,7 @@ class ReconcileResult:
     loaded: list[str] = field(default_factory=list)
     unloaded: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    held_back: set[str] = field(default_factory=set)  # of ``failed``: tried again, not judged
 
 
 class ControlPlane:
@@ -56,6 +61,7 @@ class ControlPlane:
         self.cache_dir = cache_dir
         self.deploy = deploy
         self.serving: dict[str, ServedVersion] = {}
+        self.held_back: set[str] = set()  # new versions waiting on Triton or the disk
         self._deployed = False
 
     def lacking(self) -> dict[str, list[str]]:
@@ -77,9 +83,9 @@ class ControlPlane:
                 try:
                     self._load(version, model, only=None if new else lacking[model])
                 except Exception as exc:
-                    if new and isinstance(exc, BackendUnavailable):
-                        # Triton away, not the version at fault: it waits off the table and
-                        # the next reconcile (the check wakes one) loads it.
+                    if new and _of_the_place(exc):
+                        # Not the version at fault: it waits off the table and the next
+                        # reconcile (every check wakes one while it waits) loads it.
                         self._held_back(version, _reason(exc), wanted, result)
                         continue
                     if new:  # any other failure keeps a new version away from traffic
@@ -101,6 +107,7 @@ class ControlPlane:
             self.fleet.unload(model)
             result.unloaded.append(model)
         self.serving = new_serving
+        self.held_back = set(result.held_back)
         return result
 
     def _replaced(self, desired: list[ServedVersion]) -> set[str]:
@@ -142,8 +149,10 @@ class ControlPlane:
         self, version: ServedVersion, reason: str, wanted: set[str], result: ReconcileResult
     ) -> None:
         """Keep ``version`` off the table for now, without judging it: no rollback."""
-        log.warning("version %s v%s waits for Triton: %s", version.name, version.version, reason)
-        result.failed[triton_model_name(version.name, version.version)] = reason
+        log.warning("version %s v%s waits: %s", version.name, version.version, reason)
+        model = triton_model_name(version.name, version.version)
+        result.failed[model] = reason
+        result.held_back.add(model)
         fallback = self._fallback(version, wanted)
         if fallback is not None:
             result.served.append(fallback)
@@ -194,6 +203,26 @@ def _rebalance(served: list[ServedVersion]) -> list[ServedVersion]:
     return [
         replace(v, weight=100) if counts[v.name] == 1 and v.weight != 100 else v for v in served
     ]
+
+
+# The local disk cannot take the version's files: full, over quota. Freeing space is the
+# fix, not rolling the version back.
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def _of_the_place(exc: BaseException) -> bool:
+    """Whether a load failed for a reason outside the version's files: Triton not
+    reachable, or the artifact cache's disk full (seen through the errors that wrap it)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, BackendUnavailable):
+            return True
+        if isinstance(current, OSError) and current.errno in DISK_FULL:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _reason(exc: Exception) -> str:

@@ -143,7 +143,9 @@ class ControlService:
                     self.reconcile()
             if now >= self._next_check:
                 self._next_check = now + self.config.triton.check_interval_s
-                if self.plane.lacking():  # a Triton restarted empty, or a new one came
+                # A Triton restarted empty or a new one came; or a new version waits for
+                # Triton or for room in the artifact cache.
+                if self.plane.held_back or self.plane.lacking():
                     self._wake.set()
             if now >= self._next_reconcile or self._wake.is_set():
                 self._wake.clear()
