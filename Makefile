@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install prometheus run up down test test-unit test-integration test-e2e lint format clean
+.PHONY: install prometheus test-hosts run up down test test-unit test-integration test-e2e lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,16 @@ prometheus:
 	      || echo "Prometheus could not be installed; continuing without it"; \
 	  else echo "Prometheus is not installed; continuing without it"; fi; }
 
+# What the e2e tests start as an operator would, beside the stack: PostgreSQL (MLflow's
+# production store) and `ip` for network namespaces (a second "host"). Installed with apt
+# when missing and we are root; the tests that need them skip, saying why, otherwise.
+test-hosts:
+	@{ [ -x /usr/lib/postgresql/*/bin/postgres ] && command -v ip >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      postgresql iproute2 >/dev/null) || echo "PostgreSQL or iproute2 could not be installed"; \
+	  else echo "PostgreSQL or iproute2 is missing; the tests that need them will skip"; fi; }
+
 run: install prometheus
 	$(VENV)/bin/infergate up --demo
 
@@ -34,7 +44,7 @@ up: install prometheus
 down:
 	$(VENV)/bin/infergate down
 
-test: install prometheus
+test: install prometheus test-hosts
 	$(PY) -m pytest
 
 test-unit: install
@@ -43,7 +53,7 @@ test-unit: install
 test-integration: install prometheus
 	$(PY) -m pytest tests/integration
 
-test-e2e: install prometheus
+test-e2e: install prometheus test-hosts
 	$(PY) -m pytest tests/e2e
 
 lint: install
