@@ -6,7 +6,10 @@ Loading real versions into a real Triton is covered in tests/e2e/test_stack.py.
 
 import errno
 import json
+import os
 from types import SimpleNamespace
+
+import pytest
 
 from fake_triton import FakeTriton
 from infergate.config import TritonSettings
@@ -257,19 +260,23 @@ class DiskFullPlane(Plane):
 
     full = False
 
+    chained = True  # False: as MLflow's download reports it, the OSError's text only
+
     def _load(self, version: ServedVersion, model: str, only: list[str] | None) -> None:
         if self.full:
-            try:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            except OSError as exc:
-                raise RegistrationError(f"its tokenizer cannot be read: {exc}") from exc
+            disk = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            if not self.chained:  # MLflow's MlflowException lists failures as text
+                raise RegistrationError(f"cannot be read: MlflowException: failures: {disk}")
+            raise RegistrationError(f"its tokenizer cannot be read: {disk}") from disk
         super()._load(version, model, only)
 
 
-def test_a_canary_meeting_a_full_artifact_cache_waits_rather_than_rolls_back(tmp_path):
+@pytest.mark.parametrize("chained", [True, False], ids=["chained", "as-text"])
+def test_a_canary_meeting_a_full_artifact_cache_waits_rather_than_rolls_back(tmp_path, chained):
     """A full disk is the place's fault, not the version's: no rollback, and the version is
     tried again at every check (``held_back``) until the disk has room."""
     plane = DiskFullPlane(tmp_path, [version("1")])
+    plane.chained = chained
     plane.reconcile()
     plane.wanted = [version("1", weight=90), version("2", CANARY, 10)]
     plane.full = True

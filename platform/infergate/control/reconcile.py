@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -212,7 +213,9 @@ DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 def _of_the_place(exc: BaseException) -> bool:
     """Whether a load failed for a reason outside the version's files: Triton not
-    reachable, or the artifact cache's disk full (seen through the errors that wrap it)."""
+    reachable, or the artifact cache's disk full, seen through the errors that wrap it.
+    MLflow's artifact download reports its failures in one exception's text, without
+    chaining them, so the disk's errors are also recognised by their message."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -220,6 +223,8 @@ def _of_the_place(exc: BaseException) -> bool:
         if isinstance(current, BackendUnavailable):
             return True
         if isinstance(current, OSError) and current.errno in DISK_FULL:
+            return True
+        if any(os.strerror(code) in str(current) for code in DISK_FULL):
             return True
         current = current.__cause__ or current.__context__
     return False
