@@ -202,8 +202,14 @@ class Stack:
     # -- run ---------------------------------------------------------------------------
 
     def wait_serving(self, timeout_s: float = 120.0) -> None:
-        """Until /readyz answers 200: every served version answers through the front-end."""
+        """Until /readyz answers 200: every served version answers through the front-end.
+
+        Not with ``serve.external``: the ingress is the cluster's (KubeRay's Service), at an
+        address this process is not told, and every replica having adopted the table,
+        which publishing it waits for, is what readiness means here."""
         s = self.config.serve
+        if s.external:
+            return
         url = f"http://{s.host}:{s.port}/readyz"
         wait_until(None, lambda: http_ok(url), timeout_s, "the front-end")
 
