@@ -9,12 +9,16 @@ README's table is one such run."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import signal
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -340,3 +344,73 @@ def _mlflow_answers(stack: Stack) -> bool:
         return httpx.get(f"{stack.mlflow}/health", timeout=5).status_code == 200
     except httpx.HTTPError:  # not listening yet
         return False
+
+
+def _mount_unavailable() -> str | None:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return "filling a disk of its own (a small tmpfs) needs root and mount"
+    return None
+
+
+@contextmanager
+def full_disk(folder: Path, size: str = "4m") -> Iterator[Path]:
+    """A small tmpfs over ``folder``, filled to the last byte; yields the filler (delete it
+    to make room). Unmounted at the end, which shows ``folder`` as it was."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                   check=True, capture_output=True, timeout=30)  # fmt: skip
+    filler = folder / "filler"
+    try:
+        with filler.open("wb") as out:
+            try:
+                while True:
+                    out.write(b"\0" * (1 << 16))
+                    out.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+        yield filler
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True, capture_output=True, timeout=30)
+
+
+@pytest.mark.skipif(_mount_unavailable() is not None, reason=str(_mount_unavailable()))
+def test_a_full_artifact_cache_holds_a_canary_back_until_there_is_room(stack, report, tmp_path):
+    """The artifact cache's disk fills up, then a new version is made the canary: it is not
+    served and not rolled back (a full disk is not the version's fault), the champion
+    answers throughout, and once there is room the canary is served within seconds."""
+    folder = tiny_bert(tmp_path / "same", "text-classification")
+    with full_disk(stack.state_dir / "artifacts") as filler:
+        version: list[str] = []
+
+        def canary_while_full() -> None:
+            stack.register(folder, MODEL, "text-classification")
+            version.append(_newest_version(stack))
+            started = stack.cli("canary", "start", MODEL, "--version", version[0], "--auto",
+                                "--admin-url", stack.admin)  # fmt: skip
+            assert started.returncode == 0, started.stderr
+
+        figures = under_fault(stack, "artifact cache disk full, canary started", canary_while_full)
+        report.append(figures)
+        assert figures.answers.keys() == {200} and figures.wrong_version == 0, figures
+        assert _weights(stack).get(version[0]) is None  # held back: off the table
+        rollout = httpx.get(f"{stack.admin}/admin/models/{MODEL}/rollout", timeout=10).json()
+        assert rollout["canary"] == version[0], rollout  # not rolled back
+        filler.unlink()
+        room = time.monotonic()
+        wait_for(lambda: _weights(stack).get(version[0]), 60, "the canary served")
+        print(f"\ncanary v{version[0]} served {time.monotonic() - room:.1f} s after room was made")
+        rolled_back = stack.cli("canary", "rollback", MODEL, "--admin-url", stack.admin)
+        assert rolled_back.returncode == 0, rolled_back.stderr
+
+
+def _newest_version(stack: Stack) -> str:
+    from mlflow import MlflowClient
+
+    versions = MlflowClient(stack.mlflow).search_model_versions(f"name='{MODEL}'")
+    return str(max(int(v.version) for v in versions))
+
+
+def _weights(stack: Stack) -> dict[str, int]:
+    """The served versions of the model and their traffic weights."""
+    described = httpx.get(f"{stack.url}/v1/models/{MODEL}", timeout=10).json()
+    return {v["version"]: v["weight"] for v in described["versions"]}

@@ -7,6 +7,7 @@ lost under load, then back, gets its replica again."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,8 @@ import pytest
 import yaml
 from conftest import Load, Stack, running_stack, stack_env, stop_process, wait_for
 
+from infergate import mlflow_server
+from infergate.config import MlflowSettings
 from infergate.processes import descendants, free_ports, reap
 from network_hosts import Host, network_host, unavailable
 from tiny_models import tiny_bert
@@ -168,7 +171,17 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         [str(BIN / "infergate"), "triton", "--address", gateway, "--state-dir",
          str(state_dir / "triton")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    mlflow = f"http://{gateway}:{env['INFERGATE_MLFLOW__PORT']}"
+    # MLflow started apart too, so that `infergate up` is the control plane alone, as the
+    # chart runs it (and can be killed and started again as a pod would).
+    mlflow_settings = MlflowSettings(
+        host=gateway, port=int(env["INFERGATE_MLFLOW__PORT"]), store_dir=state_dir / "store"
+    )
+    mlflow_server_process = subprocess.Popen(
+        mlflow_server.server_command(mlflow_settings),
+        env=mlflow_server.server_environment(mlflow_settings, env),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    mlflow = mlflow_settings.uri
     serve_config = {
         "proxy_location": "EveryNode",
         "http_options": {"host": "0.0.0.0", "port": cluster.http_port},
@@ -191,10 +204,11 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     assert deployed.returncode == 0, deployed.stderr[-2000:]
     env.update({
         "INFERGATE_SERVE__EXTERNAL": "true", "RAY_ADDRESS": cluster.client,
-        "INFERGATE_TRITON__EXTERNAL_HOST": gateway, "INFERGATE_MLFLOW__HOST": gateway,
+        "INFERGATE_TRITON__EXTERNAL_HOST": gateway, "INFERGATE_MLFLOW__TRACKING_URI": mlflow,
         "INFERGATE_PROMETHEUS__ENABLED": "false",
     })  # fmt: skip
     try:
+        wait_for(lambda: _answers_health(mlflow), 120, "MLflow")
         with running_stack(state_dir, env) as running:
             folder = tiny_bert(state_dir / "source", "text-classification")
             registered = running.cli(
@@ -206,6 +220,14 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                         running.env, running.state_dir)  # fmt: skip
     finally:
         stop_process(triton)
+        stop_process(mlflow_server_process)
+
+
+def _answers_health(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _predict(http: httpx.Client) -> httpx.Response:
@@ -221,6 +243,69 @@ def test_replicas_on_both_nodes_serve_what_the_control_plane_publishes(cluster, 
     with httpx.Client(base_url=remote, timeout=30) as http:
         response = _predict(http)
     assert response.status_code == 200 and response.headers["x-model-version"] == "1"
+
+
+def test_a_control_plane_restarted_mid_rollout_goes_on_with_it(stack):
+    """`infergate up` is the control plane alone here, as in the chart. Killed (SIGKILL, as
+    a lost pod) while an automatic rollout is at its first step, and started again: the
+    replicas keep serving the table they had, and the new control plane picks the rollout
+    up from the registry and its state folder and promotes the canary."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(stack.mlflow)
+    policy = {"steps": "50,100", "step_interval_s": "6", "min_requests": "20",
+              "latency_margin_ms": "50"}  # fmt: skip
+    for key, value in policy.items():
+        client.set_registered_model_tag(MODEL, f"infergate.rollout.policy.{key}", value)
+    folder = tiny_bert(stack.state_dir / "same", "text-classification")  # the same weights
+    registered = stack.cli(
+        "register", str(folder), "--name", MODEL, "--task", "text-classification", "--quiet",
+        "--tracking-uri", stack.mlflow,
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stderr[-2000:]
+    canary = str(max(int(v.version) for v in client.search_model_versions(f"name='{MODEL}'")))
+    champion = client.get_model_version_by_alias(MODEL, "champion").version
+    versions: list[str | None] = []
+
+    def send(http: httpx.Client) -> httpx.Response:
+        answer = _predict(http)
+        versions.append(answer.headers.get("x-model-version"))
+        return answer
+
+    with httpx.Client(base_url=stack.url, timeout=30) as http, Load(lambda: send(http)) as load:
+        started = stack.cli("canary", "start", MODEL, "--version", canary, "--auto",
+                            "--admin-url", stack.admin)  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        wait_for(lambda: _weights(http).get(canary) == 50, 60, "the rollout's first step")
+        killed = time.monotonic()
+        os.kill(_control_plane_pid(stack), signal.SIGKILL)
+        time.sleep(2.0)  # the pod being replaced
+        restarted = stack.cli("up", "--detach", timeout=300)
+        assert restarted.returncode == 0, restarted.stderr[-3000:]
+        up = time.monotonic()
+        wait_for(
+            lambda: client.get_model_version_by_alias(MODEL, "champion").version == canary,
+            120, "the canary promoted by the new control plane",
+        )  # fmt: skip
+        promoted = time.monotonic()
+        time.sleep(1.0)
+    statuses = sorted({status for _, _, status, _ in load.answers})
+    print(
+        f"\ncontrol plane killed at the rollout's first step: up again after {up - killed:.1f} s, "
+        f"canary v{canary} promoted {promoted - up:.1f} s later; {len(load.answers)} requests, "
+        f"statuses {statuses}, versions {sorted(set(versions), key=str)}"
+    )
+    assert statuses == [200]
+    assert set(versions) <= {champion, canary}
+
+
+def _control_plane_pid(stack: Stack) -> int:
+    return int(json.loads((stack.state_dir / "stack.json").read_text())["pid"])
+
+
+def _weights(http: httpx.Client) -> dict[str, int]:
+    described = http.get(f"/v1/models/{MODEL}").json()
+    return {v["version"]: v["weight"] for v in described["versions"]}
 
 
 def test_a_lost_worker_node_costs_no_request_and_gets_its_replica_back(cluster, stack):
