@@ -1,6 +1,6 @@
 """`infergate bench --smoke` end to end on the cheap scenarios: the in-process ceiling, the
-naive FastAPI/PyTorch server, the Triton ensemble and the Ray Serve floor, all real
-processes on free ports.
+naive FastAPI/PyTorch server (fp32, and int8 by PyTorch's dynamic quantisation), the
+Triton ensemble and the Ray Serve floor, all real processes on free ports.
 
 The whole stack and the in-process front-end are left out here only because they take
 longer to start; `infergate bench --quick` runs them all. The first run on a machine also
@@ -21,7 +21,7 @@ from infergate.bench.analysis import cell_row
 from infergate.bench.workload import PROBE_TEXTS, TARGET_CELLS
 
 pytestmark = pytest.mark.e2e
-SCENARIOS = ("naive", "ensemble", "floor")
+SCENARIOS = ("naive", "naive-int8", "ensemble", "floor")
 
 
 @pytest.fixture(scope="module")

@@ -703,3 +703,27 @@ def test_a_stack_running_beside_the_benchmark_is_found(tmp_path, monkeypatch):
                           capture_output=True, check=True)  # fmt: skip
     (tmp_path / STATE_FILE).write_text(json.dumps({"pid": int(gone.stdout)}))
     assert running_stack() is None  # a stack that died without `down`
+
+
+def test_every_share_divides_by_the_fastest_ceiling_row_not_batch_32():
+    """A batch-16 ceiling row faster than batch 32: shares and targets divide by it."""
+    results = _results()
+    results["ceiling"]["rows"].append(
+        {"tokens": 16, "batch": 16, "sequences_per_s": 1250.0, "p50_ms": 12.0, "p95_ms": 13.0,
+         "p99_ms": 14.0}
+    )  # fmt: skip
+    shares = {(s["scenario"], s["cell"]): s["share"] for s in ceiling_shares(results)}
+    assert shares[("infergate", "c32-t1-n16")] == pytest.approx(500 / 1250)
+    rows = {(r["target"], r["cell"]): r for r in evaluate_targets(results)}
+    assert rows[("infergate vs ceiling (1 text)", "c=32 texts=1 tokens=16")][
+        "value"
+    ] == pytest.approx(0.4)
+
+
+def test_infergate_is_compared_with_the_faster_of_the_naive_servers():
+    results = _results()
+    results["scenarios"]["naive-int8"] = {"cells": [_cell(32, 1, 16, 80.0, 400.0, 600.0)]}
+    rows = {(r["target"], r["cell"]): r for r in evaluate_targets(results)}
+    assert rows[("infergate vs naive", "c=32 texts=1 tokens=16")]["value"] == pytest.approx(
+        500 / 80
+    )

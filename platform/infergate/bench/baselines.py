@@ -24,7 +24,10 @@ from infergate.bench.scenarios import HOST, START_TIMEOUT_S, Scenario, reap_sess
 from infergate.config import load_config
 from infergate.processes import Child, free_ports, http_ok, spawn, wait_until
 
-NAIVE_MODEL_ENV = "BENCH_NAIVE_MODEL_DIR"  # naive_server.MODEL_ENV (that module loads torch)
+# naive_server's environment variables (that module loads torch when imported).
+NAIVE_MODEL_ENV = "BENCH_NAIVE_MODEL_DIR"
+NAIVE_THREADS_ENV = "BENCH_NAIVE_THREADS"
+NAIVE_INT8_ENV = "BENCH_NAIVE_INT8"
 
 
 class _ChildScenario(Scenario):
@@ -97,16 +100,25 @@ class FloorServe(InprocessServe):
 
 
 class NaiveServer(_ChildScenario):
-    """FastAPI + transformers + PyTorch fp32 under ``uvicorn --workers <cores>``."""
+    """FastAPI + transformers + PyTorch fp32 under ``uvicorn --workers <cores>``, each
+    worker with its share of the cores as PyTorch threads."""
 
     name = "naive"
-    description = "naive: FastAPI + transformers + PyTorch fp32, uvicorn, one worker per core"
+    description = (
+        "naive: FastAPI + transformers + PyTorch fp32, uvicorn, one worker per core, "
+        "one PyTorch thread each"
+    )
     path = f"/v1/models/{MODEL_NAME}/predict"
+    int8 = False
 
     def start(self) -> None:
         [self.port] = free_ports(1)
-        workers = os.cpu_count() or 1
-        self.info.update(workers=workers, model_dir=str(self.prepared.hf_dir))
+        cores = os.cpu_count() or 1
+        workers, threads = cores, 1
+        self.info.update(
+            workers=workers, threads_per_worker=threads, int8=self.int8,
+            model_dir=str(self.prepared.hf_dir),
+        )  # fmt: skip
         command = [
             str(Path(sys.executable).with_name("uvicorn")),
             "infergate.bench.naive_server:app",
@@ -115,7 +127,10 @@ class NaiveServer(_ChildScenario):
             f"--workers={workers}",
             "--no-access-log",
         ]
-        env = {**os.environ, NAIVE_MODEL_ENV: str(self.prepared.hf_dir), "HF_HUB_OFFLINE": "1"}
+        env = {**os.environ, NAIVE_MODEL_ENV: str(self.prepared.hf_dir), "HF_HUB_OFFLINE": "1",
+               NAIVE_THREADS_ENV: str(threads)}  # fmt: skip
+        if self.int8:
+            env[NAIVE_INT8_ENV] = "1"
         self.child = spawn(self.name, command, self.workdir / "logs", env)
         log_path = self.child.log_path
 
@@ -124,6 +139,14 @@ class NaiveServer(_ChildScenario):
             return log_path.read_text().count("Application startup complete") >= workers
 
         wait_until(self.child, all_workers_up, START_TIMEOUT_S, "the naive server")
+
+
+class NaiveInt8Server(NaiveServer):
+    """The naive server with PyTorch's dynamic int8 quantisation of its Linear layers."""
+
+    name = "naive-int8"
+    description = "naive int8: the naive server, its Linear layers quantised by PyTorch (dynamic)"
+    int8 = True
 
 
 class EnsembleTriton(_ChildScenario):

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from infergate.bench.workload import Profile
 
-ALL_SCENARIOS = ("ceiling", "infergate", "lean", "inprocess", "floor", "ensemble", "naive")
+ALL_SCENARIOS = (
+    "ceiling", "infergate", "lean", "inprocess", "floor", "ensemble", "naive", "naive-int8",
+)  # fmt: skip
 Say = Callable[[str], None]
 
 

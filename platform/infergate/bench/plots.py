@@ -11,10 +11,13 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: a headless backend, whatever the environment says
 import matplotlib.pyplot as plt
 
-from infergate.bench.analysis import CEILING_BATCH, WITHOUT_MODEL, ceiling_row
+from infergate.bench.analysis import WITHOUT_MODEL, best_ceiling_row
 
 # The lean front-end in grey: a bound for infergate rather than a rival layout.
-COLORS = {"infergate": "C0", "lean": "C7", "inprocess": "C2", "ensemble": "C1", "naive": "C3"}
+COLORS = {
+    "infergate": "C0", "lean": "C7", "inprocess": "C2", "ensemble": "C1", "naive": "C3",
+    "naive-int8": "C4",
+}  # fmt: skip
 VARIANT_COLORS = ("C4", "C5", "C6", "C8", "C9")  # "infergate (label)", in order
 
 
@@ -93,14 +96,14 @@ def throughput_plot(results: dict[str, Any], path: Path) -> Path:
         axis.plot(x, [r["sequences_per_s"] for r in series], marker="o", label=name, color=color)
 
     def finish(axis: Any, tokens: int) -> None:
-        ceiling = ceiling_row(results, tokens, CEILING_BATCH)
+        ceiling = best_ceiling_row(results, tokens)
         if ceiling:
             axis.axhline(
                 ceiling["sequences_per_s"],
                 color="k",
                 linestyle="--",
                 linewidth=1,
-                label="ceiling (batch 32)",
+                label=f"ceiling (best: batch {ceiling['batch']})",
             )
         axis.set_ylabel("sequences / s")
         axis.grid(True, alpha=0.3)

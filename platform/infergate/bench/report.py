@@ -187,7 +187,7 @@ def markdown(results: dict[str, Any]) -> str:
     )
     shares = ceiling_shares(results)
     if shares:
-        out += ["", "## Share of the ceiling (seq/s at c=32 over ceiling seq/s at batch 32)", ""]
+        out += ["", "## Share of the ceiling (seq/s at c=32 over the ceiling's best seq/s)", ""]
         out += _table(
             ["scenario", "cell", "share"],
             ([s["scenario"], s["cell"], _num(s["share"], 2)] for s in shares),

@@ -22,7 +22,13 @@ from typing import Any
 
 from infergate.bench import procfs
 from infergate.bench.analysis import WITHOUT_MODEL
-from infergate.bench.baselines import EnsembleTriton, FloorServe, InprocessServe, NaiveServer
+from infergate.bench.baselines import (
+    EnsembleTriton,
+    FloorServe,
+    InprocessServe,
+    NaiveInt8Server,
+    NaiveServer,
+)
 from infergate.bench.loadgen import run_sync, send_once
 from infergate.bench.measure import (
     QUIET_CPU_PERCENT,
@@ -42,7 +48,15 @@ from infergate.config import PROJECT_ROOT, load_config
 
 SCENARIOS: dict[str, type[Scenario]] = {
     cls.name: cls
-    for cls in (InfergateStack, LeanStack, InprocessServe, FloorServe, EnsembleTriton, NaiveServer)
+    for cls in (
+        InfergateStack,
+        LeanStack,
+        InprocessServe,
+        FloorServe,
+        EnsembleTriton,
+        NaiveServer,
+        NaiveInt8Server,
+    )
 }
 
 

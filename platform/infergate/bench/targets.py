@@ -4,9 +4,10 @@
 Each target is a row with pass/fail, never dropped when it cannot be computed (it then
 says what is missing):
 
-- single text, c=32: infergate req/s >= 0.55 x ceiling seq/s at batch 32;
-- 16 texts, c=32: infergate seq/s >= 0.85 x ceiling seq/s at batch 32;
-- every c=32 cell: infergate >= 5 x naive and >= 1.5 x ensemble (requests/s);
+- single text, c=32: infergate req/s >= 0.55 x the ceiling's best seq/s (any batch);
+- 16 texts, c=32: infergate seq/s >= 0.85 x the ceiling's best seq/s;
+- every c=32 cell: infergate >= 5 x naive (the better of its fp32 and int8 servers in
+  that cell) and >= 1.5 x ensemble (requests/s);
 - single text, c=1: infergate p50 <= ceiling batch-1 p50 + 1.5 ms, and p99 <= 2 x p50.
 
 Each is checked at every token length measured; a cell with errors fails. A missed c=1
@@ -24,12 +25,12 @@ import math
 from typing import Any
 
 from infergate.bench.analysis import (
-    CEILING_BATCH,
     ENSEMBLE_FACTOR,
     MULTI_TEXT_SHARE,
     NAIVE_FACTOR,
     P99_OVER_P50,
     SINGLE_TEXT_SHARE,
+    best_ceiling_row,
     ceiling_row,
     cell_row,
     cpu_budget,
@@ -92,13 +93,24 @@ def _missing(**parts: Any) -> str:
     return "not measured: " + ", ".join(absent) if absent else ""
 
 
+NAIVE = ("naive", "naive-int8")  # each baseline's best honest setting: whichever was faster
+
+
+def _best_of(
+    results: dict[str, Any], scenarios: tuple[str, ...], texts: int, tokens: int
+) -> dict[str, Any] | None:
+    """The c=32 cell of ``scenarios`` with the most requests/s."""
+    cells = [cell_row(results, name, 32, texts, tokens) for name in scenarios]
+    return max((c for c in cells if c), key=lambda c: c["requests_per_s"], default=None)
+
+
 def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target at every measured token length (see the module docstring)."""
     rows = []
     bounds = {row["tokens"]: row for row in latency_budget(results)}
     budgets = {row["tokens"]: row for row in cpu_budget(results)}
     for tokens in measured_tokens(results):
-        ceiling = ceiling_row(results, tokens, CEILING_BATCH)
+        ceiling = best_ceiling_row(results, tokens)
         ceiling_sps = ceiling["sequences_per_s"] if ceiling else None
         for texts, share in ((1, SINGLE_TEXT_SHARE), (16, MULTI_TEXT_SHARE)):
             cell = cell_row(results, "infergate", 32, texts, tokens)
@@ -123,7 +135,7 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         for texts in (1, 16):
             ours = cell_row(results, "infergate", 32, texts, tokens)
             for other, factor in (("naive", NAIVE_FACTOR), ("ensemble", ENSEMBLE_FACTOR)):
-                theirs = cell_row(results, other, 32, texts, tokens)
+                theirs = _best_of(results, NAIVE if other == "naive" else (other,), texts, tokens)
                 if ours is None and theirs is None:
                     continue
                 ratio = None
