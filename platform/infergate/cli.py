@@ -216,6 +216,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         max_length=args.max_length,
         reference_texts=args.reference_texts,
         alias=args.alias,
+        quality_budget=args.quality_budget,
         progress=not args.quiet,
     )
     print(describe(registered))
@@ -276,8 +277,17 @@ def build_parser() -> argparse.ArgumentParser:
     register.add_argument("--task", required=True, choices=TASKS)
     register.add_argument("--precision", choices=("int8", "fp16", "fp32"), default="int8")
     register.add_argument("--max-length", type=int, help="truncate inputs to this many tokens")
-    register.add_argument("--reference-texts", type=Path, help="texts for drift reference")
+    register.add_argument(
+        "--reference-texts", type=Path, help="texts for the quality check and drift reference"
+    )
     register.add_argument("--alias", help="set this alias on the new version, e.g. champion")
+    register.add_argument(
+        "--quality-budget",
+        default="default",
+        help="what the optimised model must keep on the reference texts against the original: "
+        "'default' (the task's), 'none', or NAME=VALUE,... such as "
+        "nn_agreement=0.95,cosine_mean=0.995 (floors; *_change figures are ceilings)",
+    )
     register.set_defaults(func=cmd_register)
 
     demo = sub.add_parser("demo", parents=[registry], help="register the demo models")

@@ -1,9 +1,10 @@
 """``infergate register``: optimise a Hugging Face model and store it as a registry version.
 
-Steps: export to ONNX, ONNX Runtime fusions, quantisation, parity against PyTorch
+Steps: export to ONNX, ONNX Runtime fusions, quantisation at the fastest setting whose
+quality on the reference texts meets the budget, parity against PyTorch
 (``infergate.onnx_export``), reference statistics on reference texts run through the
 very tokenizer and graph that will be served, then one MLflow run holding every file
-and one new model version pointing at it.
+(the quality report among them) and one new model version pointing at it.
 """
 
 from __future__ import annotations
@@ -20,12 +21,19 @@ from tqdm import tqdm
 from infergate import tasks
 from infergate.config import PROJECT_ROOT, TASKS, TritonSettings
 from infergate.errors import ModelNotFound, RegistrationError
+from infergate.quality import Budget
 from infergate.reference import reference_stats
 from infergate.registry import Registry
 from infergate.tasks import Figures
 from infergate.tokenization import TextTokenizer
 from infergate.triton.repository import build_config, render_config
-from infergate.versions import PARITY_FILE, REFERENCE_FILE, SPEC_FILE, triton_model_name
+from infergate.versions import (
+    PARITY_FILE,
+    QUALITY_FILE,
+    REFERENCE_FILE,
+    SPEC_FILE,
+    triton_model_name,
+)
 
 DEFAULT_REFERENCE_TEXTS = PROJECT_ROOT / "registry" / "demo" / "sentiment.tsv"
 REFERENCE_BATCH = 32
@@ -39,6 +47,7 @@ class Registered:
     precision: str
     parity_check: str  # the gated figure against its tolerance (ParityReport.check)
     onnx_bytes: int
+    quality: str = ""  # the setting kept and its figures (QualityReport.summary)
 
 
 def read_texts(path: Path) -> list[str]:
@@ -139,9 +148,12 @@ def register_model(
     max_length: int | None = None,
     reference_texts: Path | None = None,
     alias: str | None = None,
+    quality_budget: str = "default",
     triton: TritonSettings | None = None,
     progress: bool = True,
 ) -> Registered:
+    """Register ``src`` as a new version of ``name``; ``quality_budget`` is
+    ``infergate.quality.Budget.parse``'s text (``default``, ``none`` or ``NAME=VALUE,...``)."""
     from infergate import onnx_export
 
     if task not in TASKS:
@@ -150,17 +162,24 @@ def register_model(
         raise RegistrationError(f"model name {name!r} is not valid; use letters, digits, - or _")
     if alias == "":
         raise RegistrationError("--alias needs a name, such as champion")
+    try:
+        budget = Budget.parse(quality_budget, tasks.get(task).output_name)
+    except ValueError as exc:
+        raise RegistrationError(str(exc)) from None
     _check_task(registry, name, task)
     texts, queries = read_inputs(reference_texts or DEFAULT_REFERENCE_TEXTS)
+    samples: list[onnx_export.Sample] = list(texts)
     if task == "text-ranking":
         queries = reference_queries(texts, queries)
+        samples = list(zip(queries, texts, strict=True))
     with tempfile.TemporaryDirectory(prefix="infergate-register-") as tmp:
         work = Path(tmp)
         source = resolve_source(src, work / "source")
         out = work / "model"
         built = onnx_export.build(
-            source, task, precision, out, max_length=max_length, progress=progress
-        )
+            source, task, precision, out, max_length=max_length, quality_texts=samples,
+            budget=budget, progress=progress,
+        )  # fmt: skip
         tokenizer = TextTokenizer.from_dir(built.tokenizer_dir, built.max_length)
         stats = run_reference(
             built.onnx_path, tokenizer, task, built.output_name, built.labels, texts, progress,
@@ -180,6 +199,8 @@ def register_model(
         (out / SPEC_FILE).write_text(json.dumps(spec, indent=2))
         (out / REFERENCE_FILE).write_text(json.dumps(stats, indent=2))
         (out / PARITY_FILE).write_text(json.dumps(built.parity.to_dict(), indent=2))
+        quality = built.quality
+        (out / QUALITY_FILE).write_text(json.dumps(quality.to_dict(), indent=2))
         config = build_config(
             triton_model_name(name, "1"),
             output_name=built.output_name,
@@ -197,18 +218,22 @@ def register_model(
                 "parity_max_abs_diff": parity.max_abs_diff,
                 "parity_tolerance": parity.tolerance,
                 **{f"parity_{k}": v for k, v in parity.extra.items()},
+                **{f"quality_{k}": v for k, v in quality.figures.items()},
                 "reference_texts": float(len(texts)),
                 "unknown_token_ratio_reference": stats["unknown_token_ratio_mean"],
             },
             params={
                 "task": task,
                 "precision": built.precision,
+                "quantisation": quality.setting,
+                "quality_budget": quality.budget,
                 "max_length": str(built.max_length),
                 "model_type": built.model_type,
                 "source": src,
             },
             tags={
                 "infergate.precision": built.precision,
+                "infergate.quantisation": quality.setting,
                 "infergate.parity_max_abs_diff": f"{parity.max_abs_diff:.6g}",
                 "infergate.parity_check": parity.check,
                 "infergate.parity_passed": str(parity.passed).lower(),
@@ -222,6 +247,7 @@ def register_model(
             built.precision,
             parity.check,
             built.onnx_path.stat().st_size,
+            quality.summary(),
         )
 
 
@@ -239,10 +265,11 @@ def _check_task(registry: Registry, name: str, task: str) -> None:
 
 def describe(registered: Registered) -> str:
     r = asdict(registered)
-    return (
+    line = (
         f"registered {r['name']} version {r['version']} ({r['task']}, {r['precision']}, "
         f"{_size(r['onnx_bytes'])} ONNX, parity {r['parity_check']})"
     )
+    return f"{line}\nquality {r['quality']}" if r["quality"] else line
 
 
 def _size(size: int) -> str:

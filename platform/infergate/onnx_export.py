@@ -14,9 +14,11 @@ Why it is done this way:
 - The classic TorchScript exporter goes first because the optimiser's fusions know its
   graphs; the dynamo exporter (opset 18 suits both) is the fallback, whose graphs run
   correctly but only get LayerNorm/GELU fused.
-- INT8 is dynamic quantisation with per-channel weights: on all-MiniLM-L6-v2 per-tensor
-  weights gave a lowest cosine similarity to PyTorch of 0.85 on 35 texts, per-channel 0.95,
-  at the same speed (1651 vs 1599 sequences/s at batch 32 on 2 cores; fp32 847).
+- INT8 is the fastest setting of ``infergate.quantise`` that meets the task's quality
+  budget on the reference texts. Its dynamic quantisation uses per-channel weights: on
+  all-MiniLM-L6-v2 per-tensor weights gave a lowest cosine similarity to PyTorch of 0.85
+  on 35 texts, per-channel 0.95, at the same speed (1651 vs 1599 sequences/s at batch 32
+  on 2 cores; fp32 847).
 - all-MiniLM-L6-v2 on 2 cores: load 2.3 s, export 1.2 s, optimise 2.4 s, quantise 1.7 s,
   parity 0.7 s.
 """
@@ -37,13 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
-from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.transformers.optimizer import optimize_model
 from tqdm import tqdm
 
-from infergate import tasks
+from infergate import quantise, tasks
 from infergate.errors import RegistrationError
 from infergate.hf_folder import (
     SUPPORTED_ARCHITECTURES,
@@ -55,7 +55,15 @@ from infergate.hf_folder import (
     max_length_of,
     transformers_quiet,
 )
-from infergate.parity import DEFAULT_SAMPLE_TEXTS, ParityReport, verify_onnx
+from infergate.parity import (
+    DEFAULT_SAMPLE_TEXTS,
+    ParityReport,
+    batched_outputs,
+    onnx_runner,
+    torch_runner,
+    verify_onnx,
+)
+from infergate.quality import Budget, QualityReport
 
 __all__ = ["OUTPUT_NAMES", "SUPPORTED_ARCHITECTURES", "BuildResult", "ParityReport", "build"]
 
@@ -65,6 +73,7 @@ OUTPUT_NAMES = {name: task.output_name for name, task in tasks.TASKS.items()}
 PRECISIONS = ("int8", "fp16", "fp32")
 INPUT_NAMES = ("input_ids", "attention_mask")
 OPSET = 18
+QUALITY_TEXTS = 512  # reference texts the quality of each setting is measured on
 
 # Traced with real padding so that the mask handling is traced in its general form.
 _EXPORT_EXAMPLE = ("a short text", "a somewhat longer text, so that this batch needs padding")
@@ -86,6 +95,7 @@ class BuildResult:
     parity: ParityReport
     tokenizer_dir: Path
     model_type: str
+    quality: QualityReport
 
 
 class ExportWrapper(torch.nn.Module):
@@ -164,6 +174,8 @@ def build(
     *,
     max_length: int | None = None,
     sample_texts: Sequence[Sample] | None = None,
+    quality_texts: Sequence[Sample] | None = None,
+    budget: Budget | None = None,
     progress: bool = True,
 ) -> BuildResult:
     """Export ``model_dir`` for ``task`` (a name of ``infergate.tasks.TASKS``) at
@@ -171,9 +183,12 @@ def build(
 
     ``max_length`` defaults to the tokenizer's limit capped by the position embeddings;
     ``sample_texts`` to ``parity.DEFAULT_SAMPLE_TEXTS`` (text-ranking: consecutive ones
-    paired as (query, text)). Raises :class:`RegistrationError`
-    with a one-line message for a bad folder, task, precision, tokenizer or architecture, a
-    failed export, or parity over tolerance; nothing is written to ``out_dir`` then.
+    paired as (query, text)); ``quality_texts`` (the reference texts) to the sample texts;
+    ``budget`` to the task's default (``infergate.quality``). At int8 the fastest setting
+    that meets the budget is kept (``infergate.quantise``). Raises
+    :class:`RegistrationError` with a one-line message for a bad folder, task, precision,
+    tokenizer or architecture, a failed export, parity over tolerance or a quality budget
+    no setting meets; nothing is written to ``out_dir`` then.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if task not in OUTPUT_NAMES:
@@ -187,6 +202,10 @@ def build(
     if not texts:
         raise RegistrationError("sample_texts is empty; the parity check needs at least one")
     output_name = OUTPUT_NAMES[task]
+    measured = list(texts if quality_texts is None else quality_texts)[:QUALITY_TEXTS]
+    if not measured:
+        raise RegistrationError("quality_texts is empty; the quality check needs at least one")
+    budget = Budget.default(output_name) if budget is None else budget
     steps = ("load", "export", "optimise", precision, "parity", "save")
     bar = tqdm(total=len(steps), unit="step", file=sys.stderr, disable=not progress)
     timings: dict[str, float] = {}
@@ -235,9 +254,23 @@ def build(
         with step("optimise"):
             optimised = _optimise(work, config, model_type)
         with step(precision):
-            final = _convert(optimised, work, precision)
+            original = batched_outputs(torch_runner(wrapper), encode, measured)
+            final, quality = quantise.choose(
+                precision,
+                optimised,
+                work,
+                outputs=lambda path: batched_outputs(onnx_runner(path), encode, measured),
+                original=original,
+                output_name=output_name,
+                budget=budget,
+                on_attempt=lambda setting: bar.set_description(f"{model_dir.name}: {setting}"),
+            )
+            log.info("quality %s", quality.summary())
+        served_precision = quantise.precision_of(quality.setting)
         with step("parity"):
-            parity = verify_onnx(wrapper, final, encode, output_name, precision, texts, progress)
+            parity = verify_onnx(
+                wrapper, final, encode, output_name, served_precision, texts, progress
+            )
         with step("save"):
             tokenizer.model_max_length = max_length
             with transformers_quiet(not progress):
@@ -257,10 +290,11 @@ def build(
         output_dim=output_dim,
         labels=labels,
         max_length=max_length,
-        precision=precision,
+        precision=served_precision,
         parity=parity,
         tokenizer_dir=tokenizer_dir,
         model_type=model_type,
+        quality=quality,
     )
 
 
@@ -340,43 +374,3 @@ def _optimise(work: Path, config: Any, model_type: str) -> Any:
     fused = {op: n for op, n in optimised.get_fused_operator_statistics().items() if n}
     log.info("ONNX Runtime optimiser fused %s", fused or "nothing")
     return optimised
-
-
-def _convert(optimised: Any, work: Path, precision: str) -> Path:
-    """Write the optimised graph at ``precision``; return its path."""
-    fp32 = work / "optimised.onnx"
-    if precision == "fp32":
-        return fp32
-    out = work / f"{precision}.onnx"
-    try:
-        if precision == "fp16":
-            # keep_io_types: clients keep sending int64 ids and reading float32 outputs.
-            optimised.convert_float_to_float16(keep_io_types=True)
-            optimised.save_model_to_file(str(out))
-        else:
-            with _without_log_message("Please consider to run pre-processing"):
-                quantize_dynamic(
-                    fp32,
-                    out,
-                    per_channel=True,
-                    weight_type=QuantType.QInt8,
-                    # Needed on a fused BERT graph, whose contrib ops carry no type info.
-                    extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-                )
-    except Exception as exc:
-        raise RegistrationError(f"{precision} conversion failed: {first_line(exc)}") from None
-    return out
-
-
-@contextlib.contextmanager
-def _without_log_message(text: str) -> Iterator[None]:
-    """ORT's quantiser logs the same advice on the root logger on every call; drop it."""
-
-    def drop(record: logging.LogRecord) -> bool:
-        return text not in record.getMessage()
-
-    logging.getLogger().addFilter(drop)
-    try:
-        yield
-    finally:
-        logging.getLogger().removeFilter(drop)

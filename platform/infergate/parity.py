@@ -68,6 +68,7 @@ from tqdm import tqdm
 
 from infergate.errors import RegistrationError
 from infergate.postprocess import l2_normalize, softmax
+from infergate.quality import rank_agreement
 from infergate.tasks.ranking import relevance
 
 # (input_ids, attention_mask) -> outputs; int64 in, float32 out, leading batch axis.
@@ -248,6 +249,20 @@ def check_parity(
     return compare(ref, got, output_name, precision, len(texts), tolerance)
 
 
+def batched_outputs(
+    run: Runner, encode: Encoder, texts: Sequence[Any], batch_size: int = 32
+) -> np.ndarray:
+    """``run`` on ``texts`` in padded batches, as they are served: one row per text (per
+    real token for per-token outputs), in order."""
+    parts = []
+    for start in range(0, len(texts), batch_size):
+        feeds = encode(list(texts[start : start + batch_size]))
+        parts.append(
+            _rows(run(feeds["input_ids"], feeds["attention_mask"]), feeds["attention_mask"])
+        )
+    return np.concatenate(parts)
+
+
 def _rows(outputs: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     """``[texts, n]`` outputs as they are; per-token ``[texts, sequence, n]`` outputs as one
     row per real (unpadded) token, text after text."""
@@ -287,7 +302,7 @@ def compare(
         ref_scores, got_scores = relevance(ref)[0], relevance(got)[0]
         extra = {
             "max_abs_diff_score": float(np.abs(ref_scores - got_scores).max()),
-            "rank_agreement": _rank_agreement(ref_scores, got_scores),
+            "rank_agreement": rank_agreement(ref_scores, got_scores),
         }
         served = "max_abs_diff_score"
     else:
@@ -301,12 +316,3 @@ def compare(
     # A NaN compares false with everything, so NaN outputs fail here as they should.
     passed = bool(measured <= tolerance)
     return ParityReport(metric, raw, float(tolerance), passed, n_samples, extra)
-
-
-def _rank_agreement(ref: np.ndarray, got: np.ndarray) -> float:
-    """Share of pairs of samples that both score in the same order (Kendall's concordance),
-    what a reranker's client sees; 1.0 with fewer than two samples."""
-    i, j = np.triu_indices(len(ref), k=1)
-    if not len(i):
-        return 1.0
-    return float((np.sign(ref[i] - ref[j]) == np.sign(got[i] - got[j])).mean())

@@ -32,6 +32,7 @@ TOKENIZER_DIR = "tokenizer"
 SPEC_FILE = "infergate.json"
 REFERENCE_FILE = "reference_stats.json"
 PARITY_FILE = "parity_report.json"
+QUALITY_FILE = "quality_report.json"
 
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
 

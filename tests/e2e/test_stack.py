@@ -165,6 +165,25 @@ def test_registered_champion_goes_live(stack, http, tmp_path):
     assert version.tags["infergate.parity_check"].startswith("max_abs_diff ")
 
 
+def test_the_demo_models_record_the_quality_of_the_setting_they_kept(stack):
+    """The README's table: on the demo's reference texts dynamic int8 keeps the sentiment
+    labels but not the embeddings' neighbours, so `embed` is served blockwise."""
+    client = MlflowClient(stack.mlflow)
+    embed = client.get_model_version_by_alias("embed", "champion")
+    assert embed.tags["infergate.quantisation"] == "int8-blockwise"
+    embed_run = client.get_run(embed.run_id).data
+    assert embed_run.metrics["quality_nn_agreement"] >= 0.97
+    assert embed_run.metrics["quality_cosine_mean"] >= 0.998
+    report = json.loads(
+        Path(client.download_artifacts(embed.run_id, "model/quality_report.json")).read_text()
+    )
+    dynamic = report["attempts"][0]
+    assert dynamic["setting"] == "int8-dynamic" and dynamic["misses"], dynamic
+    sentiment = client.get_model_version_by_alias("sentiment", "champion")
+    assert sentiment.tags["infergate.quantisation"] == "int8-dynamic"
+    assert client.get_run(sentiment.run_id).data.metrics["quality_label_agreement"] >= 0.99
+
+
 def test_a_model_deleted_and_registered_again_answers_with_its_new_files(stack, http, tmp_path):
     """Registered again under its name, a model starts over at version 1: neither the
     replicas' nor Triton's copy of the first one's files may answer for it."""

