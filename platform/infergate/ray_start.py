@@ -53,6 +53,10 @@ WORKER_ENV = {
     # and scaling decisions then start up to 0.4 s later; autoscaling waits for seconds
     # of metrics anyway.
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+    # The raylet stops its node when its agent (which exports the metrics) has not
+    # registered within 30 s, Ray's default; on two busy cores an agent took longer. A
+    # broken agent now fails later, a slow one no longer fails.
+    "RAY_agent_register_timeout_ms": "120000",
 }
 
 

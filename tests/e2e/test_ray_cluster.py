@@ -36,8 +36,14 @@ pytestmark = [
 MODEL = "spread"
 BIN = Path(sys.executable).parent
 # Ray turns token authentication on for new clusters; the nodes of this machine share the
-# token file, so the worker joins with it.
-RAY_ENV = {"RAY_AUTH_MODE": "token", "TOKENIZERS_PARALLELISM": "false"}
+# token file, so the worker joins with it. A raylet stops its node when its agent has not
+# registered within 30 s; on two busy cores the head's took longer ("Timed out waiting for
+# file .../metrics_agent_port_...", then "The current node timed out during startup").
+RAY_ENV = {
+    "RAY_AUTH_MODE": "token",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_agent_register_timeout_ms": "300000",
+}
 
 
 @dataclass
