@@ -243,14 +243,16 @@ def test_a_soak_at_half_capacity_with_a_canary_rolling_through(stack, report, tm
               "min_requests": "30", "latency_margin_ms": "50"}  # fmt: skip
     for key, value in policy.items():
         client.set_registered_model_tag(MODEL, f"infergate.rollout.policy.{key}", value)
+    # Registered before the soak: registration runs in this process and takes from tens
+    # of seconds to a minute on a busy machine, which left the rollout too little time.
+    folder = tiny_bert(tmp_path / "same", "text-classification")  # the same weights
+    stack.register(folder, MODEL, "text-classification")
+    versions = client.search_model_versions(f"name='{MODEL}'")
+    version = str(max(int(v.version) for v in versions))
     before = rss_mb(stack)
     started = time.monotonic()
     with Steady(stack, clients=clients, interval_s=clients / rate) as steady:
         time.sleep(SOAK_S / 10)
-        folder = tiny_bert(tmp_path / "same", "text-classification")  # the same weights
-        stack.register(folder, MODEL, "text-classification")
-        versions = client.search_model_versions(f"name='{MODEL}'")
-        version = str(max(int(v.version) for v in versions))
         started_canary = stack.cli("canary", "start", MODEL, "--version", version, "--auto",
                                    "--admin-url", stack.admin)  # fmt: skip
         assert started_canary.returncode == 0, started_canary.stderr
