@@ -256,6 +256,7 @@ def build(
                 output_name=output_name,
                 budget=budget,
                 on_attempt=lambda setting: bar.set_description(f"{model_dir.name}: {setting}"),
+                n_texts=len(measured),
             )
             log.info("quality %s", quality.summary())
         served_precision = quantise.precision_of(quality.setting)

@@ -270,6 +270,7 @@ def build(
                 output_name=output_name,
                 budget=budget,
                 on_attempt=lambda setting: bar.set_description(f"{name}: {setting}"),
+                n_texts=len(measured),
                 settings=(quantise.AS_GIVEN,) if quantised else None,
             )
             log.info("quality %s", quality.summary())

@@ -81,10 +81,12 @@ def choose(
     budget: Budget,
     on_attempt: Callable[[str], None] = lambda setting: None,
     settings: tuple[str, ...] | None = None,
+    n_texts: int | None = None,
 ) -> tuple[Path, QualityReport]:
     """The first of ``precision``'s settings (or of ``settings``) whose ``outputs`` (the
     graph's on the quality texts) meet ``budget`` against ``original``, its file and the
-    report.
+    report. ``n_texts`` is how many texts ``original`` holds the outputs of (its rows
+    are tokens for a per-token output); by default its rows.
 
     Raises:
         RegistrationError: a conversion failed, or no setting meets the budget.
@@ -101,7 +103,8 @@ def choose(
             ) from None
         attempts.append(Attempt(setting, figures, budget.misses(figures)))
         if not attempts[-1].misses:
-            return path, QualityReport(setting, budget.describe(), len(original), attempts)
+            texts = len(original) if n_texts is None else n_texts
+            return path, QualityReport(setting, budget.describe(), texts, attempts)
     tried = "; ".join(f"{a.setting}: {', '.join(a.misses)}" for a in attempts)
     raise RegistrationError(
         f"no {precision} setting meets the quality budget ({budget.describe()}): {tried}. "

@@ -72,6 +72,7 @@ def test_a_token_classifier_from_its_onnx_file_serves_what_transformers_computes
     np.testing.assert_allclose(got[real], want[real], atol=tolerance)
     assert built.quality.setting in ("fp32", "int8-dynamic", "int8-blockwise")
     assert built.quality.figures["label_agreement"] >= 0.99
+    assert built.quality.n_texts == len(TEXTS) * 4  # texts, though its rows are tokens
 
 
 def test_a_bare_encoder_gets_mean_pooling_in_the_graph(models, tmp_path):
