@@ -281,9 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     register.add_argument(
         "--onnx",
         metavar="FILE",
-        help="register this ONNX file as it is (path absolute or inside SRC), with SRC's "
-        "tokenizer and config.json; without it a folder with no PyTorch weights is "
-        "registered from its own ONNX file",
+        help="register from this ONNX file (a path, or one inside SRC) instead of exporting "
+        "from PyTorch, with SRC's tokenizer and config.json; without it a folder with no "
+        "PyTorch weights is registered from its own ONNX file",
     )
     register.add_argument("--name", required=True, help="registered model name")
     register.add_argument("--task", required=True, choices=TASKS)
