@@ -94,6 +94,43 @@ def test_a_bare_encoder_gets_mean_pooling_in_the_graph(models, tmp_path):
     assert built.output_dim == 32
 
 
+def test_a_cross_encoder_gets_the_pair_token_types_inside_and_a_splade_model_its_pooling(
+    tmp_path,
+):
+    """text-ranking: token types 1 after the first [SEP], computed by the graph, give the
+    scores transformers gives with the tokenizer's own type ids; sparse-embedding: the
+    masked-LM logits are pooled in the graph as SPLADE pools them."""
+    ranker = tiny_bert(tmp_path / "ranker-hf", "text-ranking", labels=("relevance",))
+    built = onnx_folder.build(
+        onnx_only(ranker, tmp_path / "ranker"), tmp_path / "ranker" / "model.onnx",
+        "text-ranking", "fp32", tmp_path / "ranker-out", progress=False,
+    )  # fmt: skip
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ranker)
+    queries = ["is the film good"] * len(TEXTS)
+    enc = tokenizer(queries, TEXTS, padding=True, return_tensors="np")
+    assert enc["token_type_ids"].any()  # the pairs' second segments are numbered 1
+    session = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"input_ids": enc["input_ids"],
+                                "attention_mask": enc["attention_mask"]})  # fmt: skip
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(ranker).eval()
+    with torch.no_grad():
+        want = model(**{k: torch.from_numpy(v) for k, v in enc.items()}).logits.numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+    mlm = tiny_bert(tmp_path / "mlm-hf", "sparse-embedding")
+    built = onnx_folder.build(
+        onnx_only(mlm, tmp_path / "mlm"), tmp_path / "mlm" / "model.onnx",
+        "sparse-embedding", "fp32", tmp_path / "mlm-out", progress=False,
+    )  # fmt: skip
+    got = served(built.onnx_path, built.tokenizer_dir, TEXTS)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(mlm).eval()
+    enc = transformers.AutoTokenizer.from_pretrained(mlm)(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        weights = torch.log1p(torch.relu(model(**enc).logits))
+    want = (weights * enc["attention_mask"].unsqueeze(-1)).max(dim=1).values.numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
 def test_a_graph_that_came_quantised_is_served_as_given(models, tmp_path):
     folder = tmp_path / "quantised"
     shutil.copytree(models["ner"], folder)
