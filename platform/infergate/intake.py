@@ -4,7 +4,9 @@ Steps: export to ONNX, ONNX Runtime fusions, quantisation at the fastest setting
 quality on the reference texts meets the budget, parity against PyTorch
 (``infergate.onnx_export``), reference statistics on reference texts run through the
 very tokenizer and graph that will be served, then one MLflow run holding every file
-(the quality report among them) and one new model version pointing at it.
+(the quality report among them) and one new model version pointing at it. A model given
+as an ONNX file takes ``infergate.onnx_folder`` instead of the export, and is measured
+against that file.
 """
 
 from __future__ import annotations
