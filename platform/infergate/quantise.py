@@ -13,7 +13,9 @@ quality budget (``infergate.quality``).
 - ``fp32``: the optimised graph as it is, where no int8 setting meets the budget.
 
 ``fp16`` and ``fp32`` are one setting each; their quality is measured and must meet the
-budget too.
+budget too. A graph registered from an ONNX file that came quantised (``infergate.
+onnx_folder``) has one setting, ``as-given``: its own quantisation, fused but not
+quantised again (ONNX Runtime's quantisers leave quantised weights as they are).
 
 Measured on all-MiniLM-L6-v2 (2 cores, 300 texts of ``registry/demo/sentiment.tsv`` each
 alone, against the fp32 graph; throughput at batch 32 with one thread, alternated in one
@@ -57,13 +59,15 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "fp16": ("fp16",),
     "fp32": ("fp32",),
 }
+AS_GIVEN = "as-given"  # an already-quantised graph, served with its own quantisation
 BLOCK_SIZE = 128
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations, int8 compute
 
 
 def precision_of(setting: str) -> str:
-    """``int8``, ``fp16`` or ``fp32``: what the parity tolerances and the spec go by."""
-    return setting.split("-")[0]
+    """``int8``, ``fp16`` or ``fp32``: what the parity tolerances and the spec go by.
+    A graph quantised before it came counts as int8, whatever its bits."""
+    return "int8" if setting == AS_GIVEN else setting.split("-")[0]
 
 
 def choose(
@@ -76,15 +80,19 @@ def choose(
     output_name: str,
     budget: Budget,
     on_attempt: Callable[[str], None] = lambda setting: None,
+    settings: tuple[str, ...] | None = None,
+    n_texts: int | None = None,
 ) -> tuple[Path, QualityReport]:
-    """The first of ``precision``'s settings whose ``outputs`` (the graph's on the quality
-    texts) meet ``budget`` against ``original``, its file and the report.
+    """The first of ``precision``'s settings (or of ``settings``) whose ``outputs`` (the
+    graph's on the quality texts) meet ``budget`` against ``original``, its file and the
+    report. ``n_texts`` is how many texts ``original`` holds the outputs of (its rows
+    are tokens for a per-token output); by default its rows.
 
     Raises:
         RegistrationError: a conversion failed, or no setting meets the budget.
     """
     attempts: list[Attempt] = []
-    for setting in SETTINGS[precision]:
+    for setting in settings or SETTINGS[precision]:
         on_attempt(setting)
         path = convert(optimised, work, setting)
         try:
@@ -95,7 +103,8 @@ def choose(
             ) from None
         attempts.append(Attempt(setting, figures, budget.misses(figures)))
         if not attempts[-1].misses:
-            return path, QualityReport(setting, budget.describe(), len(original), attempts)
+            texts = len(original) if n_texts is None else n_texts
+            return path, QualityReport(setting, budget.describe(), texts, attempts)
     tried = "; ".join(f"{a.setting}: {', '.join(a.misses)}" for a in attempts)
     raise RegistrationError(
         f"no {precision} setting meets the quality budget ({budget.describe()}): {tried}. "
@@ -107,7 +116,7 @@ def convert(optimised: Any, work: Path, setting: str) -> Path:
     """Write the optimised graph (an ONNX Runtime ``OnnxModel`` saved as
     ``work/optimised.onnx``) at ``setting``; return its path."""
     fp32 = work / "optimised.onnx"
-    if setting == "fp32":
+    if setting in ("fp32", AS_GIVEN):
         return fp32
     out = work / f"{setting}.onnx"
     try:

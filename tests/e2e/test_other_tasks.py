@@ -186,8 +186,9 @@ def test_a_canary_rolls_out_and_is_promoted(stack, http, case, tmp_path):
 
 
 def test_the_readme_examples_of_these_tasks_work(stack, http):
-    """Every curl command of README.md's section on these tasks (blocks marked "checked by"
-    this module), against this module's stack: they name the models it registers."""
+    """Every curl command of README.md's section on these tasks, against this module's
+    stack: they name the models it registers. The entities example's answer shown is the
+    real demo model's, which test_onnx_intake.py compares; here it runs on the tiny one."""
     commands = readme_curl_commands(section=TASKS_SECTION)
     assert len(commands) >= len(CASES)
     for command in commands:
