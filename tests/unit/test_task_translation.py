@@ -113,3 +113,25 @@ def test_bad_parameters_are_refused_with_what_to_send(parameters, message):
 
 def test_good_parameters_pass():
     TRANSLATION.check_parameters({"beam_size": 4, "max_decoding_length": 64}, "opus")
+
+
+def test_reference_statistics_and_drift_follow_the_output_lengths():
+    from infergate.drift import DriftWindow
+    from infergate.reference import reference_stats
+    from infergate.tasks import Figures
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 30, size=200)
+    outputs = rng.integers(4, 40, size=200).astype(np.float64)
+    reference = reference_stats(
+        "translation", lengths, np.zeros(200), np.zeros((0, 0)), figures=Figures(outputs)
+    )
+    assert sum(reference["output_tokens"]["counts"]) == 200
+    assert reference["output_tokens_mean"] == pytest.approx(outputs.mean())
+    alike = DriftWindow(reference, "translation", min_texts=10)
+    alike.add(lengths, np.zeros(200), np.zeros((200, 0)), figures=Figures(outputs))
+    assert alike.scores()[("output_tokens", "psi")] < 0.01
+    # A model that suddenly rambles to its length limit on every text drifts.
+    rambling = DriftWindow(reference, "translation", min_texts=10)
+    rambling.add(lengths, np.zeros(200), np.zeros((200, 0)), figures=Figures(np.full(200, 128.0)))
+    assert rambling.scores()[("output_tokens", "psi")] > 0.25
