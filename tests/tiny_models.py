@@ -164,3 +164,54 @@ def tiny_marian(folder: Path, *, seed: int = 0, init_std: float = 0.3) -> Path:
     torch.manual_seed(seed)
     transformers.MarianMTModel(config).eval().save_pretrained(folder)
     return folder
+
+
+def tiny_t5(folder: Path, *, seed: int = 0, initializer_factor: float = 3.0) -> Path:
+    """Save a tiny random T5 (relative positions, no position table) and a BPE tokenizer
+    trained like ``tiny_marian``'s (``<pad>`` 0, also the decoder's start, ``</s>`` 1
+    appended to every text) to ``folder``. A large ``initializer_factor`` gives large
+    activations, which int8 rounds badly: the parity gate's case."""
+    import torch
+    import transformers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.normalizer = normalizers.NFKC()
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
+    bpe.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=120, special_tokens=["<pad>", "</s>", "<unk>"], show_progress=False
+    )
+    bpe.train_from_iterator(SENTENCES * 3, trainer)
+    bpe.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", 1)]
+    )
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    tokenizer.save_pretrained(folder)
+    config = transformers.T5Config(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=2,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        initializer_factor=initializer_factor,
+    )
+    torch.manual_seed(seed)
+    transformers.T5ForConditionalGeneration(config).eval().save_pretrained(folder)
+    return folder
