@@ -215,3 +215,58 @@ def tiny_t5(folder: Path, *, seed: int = 0, initializer_factor: float = 3.0) -> 
     torch.manual_seed(seed)
     transformers.T5ForConditionalGeneration(config).eval().save_pretrained(folder)
     return folder
+
+
+def tiny_bart(folder: Path, *, seed: int = 0) -> Path:
+    """Save a tiny random BART and a BPE tokenizer (``<s> text </s>``; ``</s>`` also
+    starts the decoder, as BART's config says) to ``folder``."""
+    import torch
+    import transformers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.normalizer = normalizers.NFKC()
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
+    bpe.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=120, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], show_progress=False
+    )
+    bpe.train_from_iterator(SENTENCES * 3, trainer)
+    bpe.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        pad_token="<pad>",
+    )  # fmt: skip
+    tokenizer.save_pretrained(folder)
+    config = transformers.BartConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_bos_token_id=None,
+        forced_eos_token_id=None,
+        init_std=0.3,
+    )
+    torch.manual_seed(seed)
+    transformers.BartForConditionalGeneration(config).eval().save_pretrained(folder)
+    return folder

@@ -1,5 +1,5 @@
-"""Turn a Hugging Face sequence-to-sequence folder (Marian, T5, mT5) into a CTranslate2
-model, and prove it still translates as transformers does.
+"""Turn a Hugging Face sequence-to-sequence folder (Marian, T5, mT5, BART) into a
+CTranslate2 model, and prove it still translates as transformers does.
 
 ``build`` loads the folder offline, converts it with CTranslate2's
 ``TransformersConverter`` at the registered precision (``int8`` weights by default, run
@@ -45,10 +45,13 @@ from infergate.tokenization import TextTokenizer
 log = logging.getLogger(__name__)
 
 # config.model_type of the sequence-to-sequence families converted here. Left out for now:
-# M2M-100 and NLLB (config m2m_100) need a target-language token at every request, which
-# the front-end does not send yet; BART and mBART, whose CTranslate2 4.8.5 loader reads
-# config.normalize_before, an attribute transformers 5's configs no longer have.
-SUPPORTED_ARCHITECTURES = ("marian", "mt5", "t5")
+# M2M-100 and NLLB (config m2m_100) and mBART need a target-language token at every
+# request, which the front-end does not send yet.
+SUPPORTED_ARCHITECTURES = ("bart", "marian", "mt5", "t5")
+# CTranslate2 4.8.5's BART loader reads config.normalize_before, which transformers 5's
+# BartConfig no longer has; BART normalises after each sublayer (post-norm), so the
+# folder is converted through a copy whose config.json says so.
+_NORMALIZE_BEFORE = {"bart": False}
 PRECISIONS = {"int8": "int8", "fp16": "float16", "fp32": "float32"}  # -> quantization
 CPU_COMPUTE_TYPES = {"int8": "int8", "fp16": "float32", "fp32": "float32"}
 # Lowest corpus chrF of CTranslate2's greedy outputs against transformers'. fp32 should
@@ -144,6 +147,24 @@ def decoding_limit(config: Any) -> int:
     token's position (relative positions, as T5's, have no table)."""
     positions = int(getattr(config, "max_position_embeddings", 0) or 0)
     return min(positions - 1, MAX_DECODING_LENGTH) if positions else MAX_DECODING_LENGTH
+
+
+def converter_source(model_dir: Path, model_type: str, work: Path) -> Path:
+    """``model_dir``, or for BART a copy (links, and a config.json with the field
+    CTranslate2's loader reads) that converts."""
+    if model_type not in _NORMALIZE_BEFORE:
+        return model_dir
+    config = json.loads((model_dir / "config.json").read_text())
+    if "normalize_before" in config:
+        return model_dir
+    copy = work / "source"
+    copy.mkdir()
+    for path in model_dir.iterdir():
+        if path.name != "config.json":
+            (copy / path.name).symlink_to(path.resolve())
+    config["normalize_before"] = _NORMALIZE_BEFORE[model_type]
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
 
 
 def check_vocabulary(ct2_dir: Path, tokenizer: Any) -> None:
@@ -258,7 +279,8 @@ def build(
                 raise RegistrationError(f"the tokenizer of {model_dir} saved no tokenizer.json")
         with step("convert"), transformers_quiet(not progress):
             try:
-                TransformersConverter(str(model_dir)).convert(
+                source = converter_source(model_dir, model_type, work)
+                TransformersConverter(str(source)).convert(
                     str(work / CT2_DIR), quantization=PRECISIONS[precision], force=True
                 )
             except Exception as exc:

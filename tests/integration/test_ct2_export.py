@@ -1,5 +1,5 @@
-"""Translation's registration step in process: CTranslate2 converts tiny random Marian and
-T5 models, its greedy outputs are measured against transformers' ``generate``, a version
+"""Translation's registration step in process: CTranslate2 converts tiny random Marian,
+T5 and BART models, its greedy outputs are measured against transformers' ``generate``, a version
 under the chrF threshold is refused with the figures, and folders that are not
 translation models are refused with one line."""
 
@@ -13,7 +13,7 @@ import pytest
 from infergate import ct2_export
 from infergate.errors import RegistrationError
 from infergate.intake import DEFAULT_REFERENCE_TEXTS, read_texts
-from tiny_models import tiny_bert, tiny_marian, tiny_t5
+from tiny_models import tiny_bart, tiny_bert, tiny_marian, tiny_t5
 
 TEXTS = read_texts(DEFAULT_REFERENCE_TEXTS)[:32]
 
@@ -53,6 +53,13 @@ def test_t5_converts_and_an_int8_version_under_the_threshold_is_refused(tmp_path
     with pytest.raises(RegistrationError, match=r"chrF [\d.]+ < 80 \(exact match"):
         ct2_export.build(folder, "int8", tmp_path / "int8", texts=TEXTS, progress=False)
     assert not (tmp_path / "int8").exists()
+
+
+def test_bart_converts_through_a_config_its_converter_can_read(tmp_path: Path) -> None:
+    folder = tiny_bart(tmp_path / "bart")
+    built = ct2_export.build(folder, "fp32", tmp_path / "fp32", texts=TEXTS, progress=False)
+    assert built.parity.exact_match == 1.0 and built.model_type == "bart"
+    assert "normalize_before" not in (folder / "config.json").read_text()  # left as it was
 
 
 def test_folders_that_are_not_translation_models_are_refused(tmp_path: Path) -> None:

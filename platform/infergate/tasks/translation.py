@@ -1,5 +1,5 @@
-"""translation: a sequence-to-sequence model (Marian, T5, mT5) turns each text into
-another, decoded by CTranslate2 inside Triton.
+"""translation: a sequence-to-sequence model (Marian, T5, mT5, BART) turns each text
+into another, decoded by CTranslate2 inside Triton.
 
 The front-end tokenizes as for every task; alongside the token ids Triton receives one
 ``decoding`` row per text, ``(beam_size, max_decoding_length)``, so requests with other
