@@ -140,3 +140,182 @@ def onnx_only(model_folder: Path, folder: Path, *, output: str = "logits") -> Pa
             output_names=[output], dynamic_axes=axes, opset_version=17, dynamo=False,
         )  # fmt: skip
     return folder
+
+
+# Sentences the tiny translation model's tokenizer is trained on.
+SENTENCES = [
+    "i love this film",
+    "the service was slow and the food bad",
+    "quiet",
+    "a good book",
+    "this movie is very good",
+    "that book was terrible",
+    "you hate it",
+    "it is not bad at all",
+    "the food was great but the service slow",
+]
+
+
+def tiny_marian(folder: Path, *, seed: int = 0, init_std: float = 0.3) -> Path:
+    """Save a tiny random Marian translation model and its tokenizer to ``folder``.
+
+    transformers' Marian tokenizer is SentencePiece-only (no fast one), so the tokenizer
+    is a BPE trained here with the ``tokenizers`` library, SentencePiece-style (``▁``
+    marks word starts), with Marian's special tokens: ``</s>`` (appended to every text,
+    id 0), ``<unk>`` and ``<pad>`` last, which is also the decoder's start token.
+    ``init_std`` well above the default makes the random decoder depend on its input, so
+    different texts get different translations."""
+    import torch
+    import transformers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.normalizer = normalizers.NFKC()
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
+    bpe.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=120, special_tokens=["</s>", "<unk>"], show_progress=False
+    )
+    bpe.train_from_iterator(SENTENCES * 3, trainer)
+    bpe.add_special_tokens(["<pad>"])
+    bpe.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", 0)]
+    )
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    tokenizer.save_pretrained(folder)
+    config = transformers.MarianConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        forced_eos_token_id=None,
+        init_std=init_std,
+    )
+    torch.manual_seed(seed)
+    transformers.MarianMTModel(config).eval().save_pretrained(folder)
+    return folder
+
+
+def tiny_t5(folder: Path, *, seed: int = 0, initializer_factor: float = 3.0) -> Path:
+    """Save a tiny random T5 (relative positions, no position table) and a BPE tokenizer
+    trained like ``tiny_marian``'s (``<pad>`` 0, also the decoder's start, ``</s>`` 1
+    appended to every text) to ``folder``. A large ``initializer_factor`` gives large
+    activations, which int8 rounds badly: the parity gate's case."""
+    import torch
+    import transformers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.normalizer = normalizers.NFKC()
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
+    bpe.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=120, special_tokens=["<pad>", "</s>", "<unk>"], show_progress=False
+    )
+    bpe.train_from_iterator(SENTENCES * 3, trainer)
+    bpe.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", 1)]
+    )
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    tokenizer.save_pretrained(folder)
+    config = transformers.T5Config(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=2,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        initializer_factor=initializer_factor,
+    )
+    torch.manual_seed(seed)
+    transformers.T5ForConditionalGeneration(config).eval().save_pretrained(folder)
+    return folder
+
+
+def tiny_bart(folder: Path, *, seed: int = 0) -> Path:
+    """Save a tiny random BART and a BPE tokenizer (``<s> text </s>``; ``</s>`` also
+    starts the decoder, as BART's config says) to ``folder``."""
+    import torch
+    import transformers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.normalizer = normalizers.NFKC()
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
+    bpe.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=120, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], show_progress=False
+    )
+    bpe.train_from_iterator(SENTENCES * 3, trainer)
+    bpe.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        pad_token="<pad>",
+    )  # fmt: skip
+    tokenizer.save_pretrained(folder)
+    config = transformers.BartConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_bos_token_id=None,
+        forced_eos_token_id=None,
+        init_std=0.3,
+    )
+    torch.manual_seed(seed)
+    transformers.BartForConditionalGeneration(config).eval().save_pretrained(folder)
+    return folder

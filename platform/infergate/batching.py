@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,8 +39,17 @@ class Backend(Protocol):
     """Runs a Triton model on token ids: Triton over gRPC, or a batcher in front of it."""
 
     async def infer(
-        self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
-    ) -> np.ndarray: ...
+        self,
+        model: str,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        output_name: str,
+        *,
+        extra: Mapping[str, np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """``extra``: more int64 ``[rows, n]`` inputs by name (translation's decoding
+        settings); only tasks that need them pass them."""
+        ...
 
 
 @dataclass
@@ -48,6 +58,7 @@ class _Waiting:
     attention_mask: np.ndarray
     output_name: str
     future: asyncio.Future[np.ndarray]
+    extra: Mapping[str, np.ndarray] | None = None
 
     @property
     def rows(self) -> int:
@@ -111,16 +122,24 @@ class BatchingBackend:
         return not self._tasks and not any(lane.waiting or lane.in_flight for lane in lanes)
 
     async def infer(
-        self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
+        self,
+        model: str,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        output_name: str,
+        *,
+        extra: Mapping[str, np.ndarray] | None = None,
     ) -> np.ndarray:
         rows = input_ids.shape[0]
         if rows > self.max_rows:  # Triton refuses a call above its max_batch_size
+            step = self.max_rows
             parts = [
-                self.infer(model, input_ids[i : i + self.max_rows],
-                           attention_mask[i : i + self.max_rows], output_name)
-                for i in range(0, rows, self.max_rows)
+                self.infer(model, input_ids[i : i + step], attention_mask[i : i + step],
+                           output_name,
+                           extra={k: v[i : i + step] for k, v in extra.items()} if extra else None)
+                for i in range(0, rows, step)
             ]  # fmt: skip
-            return np.concatenate(await asyncio.gather(*parts))
+            return _concat_rows(await asyncio.gather(*parts))
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         lane = self._lanes.setdefault(model, _Lane())
         limit = self.max_queued_rows
@@ -132,7 +151,7 @@ class BatchingBackend:
                 f"(limit {limit}); retry shortly",
                 retry_after_s=1.0,
             )
-        lane.waiting.append(_Waiting(input_ids, attention_mask, output_name, future))
+        lane.waiting.append(_Waiting(input_ids, attention_mask, output_name, future, extra))
         lane.rows += rows
         self._dispatch(model, lane)
         return await future
@@ -171,7 +190,9 @@ class BatchingBackend:
                 lane.rows -= head.rows
                 continue
             if batch and (
-                rows + head.rows > self.max_rows or head.output_name != batch[0].output_name
+                rows + head.rows > self.max_rows
+                or head.output_name != batch[0].output_name
+                or _extra_names(head) != _extra_names(batch[0])
             ):
                 break
             batch.append(lane.waiting.popleft())
@@ -220,18 +241,48 @@ class BatchingBackend:
     async def _infer(self, model: str, batch: list[_Waiting]) -> np.ndarray:
         first = batch[0]
         if len(batch) == 1:
+            if first.extra:
+                return await self.backend.infer(
+                    model, first.input_ids, first.attention_mask, first.output_name,
+                    extra=first.extra,
+                )  # fmt: skip
             return await self.backend.infer(
                 model, first.input_ids, first.attention_mask, first.output_name
             )
         input_ids = _pad_and_stack([item.input_ids for item in batch])
         attention_mask = _pad_and_stack([item.attention_mask for item in batch])
-        output = await self.backend.infer(model, input_ids, attention_mask, first.output_name)
+        if first.extra:  # the same names in every item (``_take``)
+            extra = {
+                name: np.concatenate([item.extra[name] for item in batch if item.extra])
+                for name in first.extra
+            }
+            output = await self.backend.infer(
+                model, input_ids, attention_mask, first.output_name, extra=extra
+            )
+        else:
+            output = await self.backend.infer(model, input_ids, attention_mask, first.output_name)
         if output.shape[0] != input_ids.shape[0]:
             raise InfergateError(
                 f"The inference backend returned {output.shape[0]} rows for "
                 f"{input_ids.shape[0]} inputs."
             )
         return output
+
+
+def _extra_names(item: _Waiting) -> tuple[str, ...]:
+    return tuple(sorted(item.extra or ()))
+
+
+def _concat_rows(parts: list[np.ndarray]) -> np.ndarray:
+    """Rows of several calls as one array; 2-d outputs of different widths (generated
+    token ids, padded with -1 to each call's longest) are padded to the widest."""
+    if parts[0].ndim == 2 and parts[0].dtype == np.int64:
+        widest = max(part.shape[1] for part in parts)
+        parts = [
+            np.pad(part, ((0, 0), (0, widest - part.shape[1])), constant_values=-1)
+            for part in parts
+        ]
+    return np.concatenate(parts)
 
 
 def _fail(batch: list[_Waiting], error: BaseException) -> None:

@@ -339,6 +339,7 @@ Task = Literal[
     "text-ranking",
     "sparse-embedding",
     "token-classification",
+    "translation",
 ]
 # What each does: infergate.tasks (which a unit test keeps equal to this list).
 TASKS: tuple[str, ...] = (
@@ -347,4 +348,5 @@ TASKS: tuple[str, ...] = (
     "text-ranking",
     "sparse-embedding",
     "token-classification",
+    "translation",
 )

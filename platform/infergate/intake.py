@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from infergate.reference import reference_stats
 from infergate.registry import Registry
 from infergate.tasks import Figures
 from infergate.tokenization import TextTokenizer
-from infergate.triton.repository import build_config, render_config
+from infergate.triton.repository import build_config, build_translation_config, render_config
 from infergate.versions import (
     PARITY_FILE,
     QUALITY_FILE,
@@ -39,6 +40,7 @@ from infergate.versions import (
 
 DEFAULT_REFERENCE_TEXTS = PROJECT_ROOT / "registry" / "demo" / "sentiment.tsv"
 REFERENCE_BATCH = 32
+TRANSLATION = "translation"  # registered through CTranslate2, not ONNX
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,16 @@ def register_model(
         raise RegistrationError(str(exc)) from None
     _check_task(registry, name, task)
     texts, queries = read_inputs(reference_texts or DEFAULT_REFERENCE_TEXTS)
+    if task == TRANSLATION:
+        if onnx_file is not None:
+            raise RegistrationError(
+                "a translation model is registered from its Hugging Face folder, which "
+                "CTranslate2 converts; --onnx does not apply"
+            )
+        return register_translation(
+            src, name=name, registry=registry, precision=precision, max_length=max_length,
+            texts=texts, alias=alias, triton=triton, progress=progress,
+        )  # fmt: skip
     samples: list[onnx_export.Sample] = list(texts)
     if task == "text-ranking":
         queries = reference_queries(texts, queries)
@@ -269,6 +281,95 @@ def register_model(
         )
 
 
+def register_translation(
+    src: str,
+    *,
+    name: str,
+    registry: Registry,
+    precision: str,
+    max_length: int | None,
+    texts: list[str],
+    alias: str | None,
+    triton: TritonSettings | None,
+    progress: bool,
+) -> Registered:
+    """Register a sequence-to-sequence model: converted by CTranslate2 and parity-checked
+    against transformers' ``generate`` (``infergate.ct2_export``); its reference
+    statistics follow the output lengths of the reference texts."""
+    from infergate import ct2_export
+
+    with tempfile.TemporaryDirectory(prefix="infergate-register-") as tmp:
+        work = Path(tmp)
+        source = resolve_source(src, work / "source")
+        out = work / "model"
+        built = ct2_export.build(
+            source, precision, out, texts=texts, max_length=max_length, progress=progress
+        )
+        if progress:
+            print("reference statistics: translating the reference texts", file=sys.stderr)
+        lengths, unknown, generated = ct2_export.reference_run(built, texts)
+        figures = Figures(generated.astype(np.float64))
+        stats = reference_stats(
+            TRANSLATION, lengths, unknown, np.zeros((0, 0)), [], figures=figures
+        )
+        output_name = tasks.get(TRANSLATION).output_name
+        spec = {
+            "format": 1,
+            "task": TRANSLATION,
+            "labels": [],
+            "output_name": output_name,
+            "output_dim": 1,  # a row of ids of any length: unused
+            "max_length": built.max_length,
+            "max_decoding_length": built.max_decoding_length,
+            "precision": built.precision,
+            "model_type": built.model_type,
+            "source": src,
+        }
+        (out / SPEC_FILE).write_text(json.dumps(spec, indent=2))
+        (out / REFERENCE_FILE).write_text(json.dumps(stats, indent=2))
+        (out / PARITY_FILE).write_text(json.dumps(built.parity.to_dict(), indent=2))
+        config = build_translation_config(
+            triton_model_name(name, "1"), precision=built.precision,
+            max_decoding_length=built.max_decoding_length,
+            settings=triton or TritonSettings(),
+        )  # fmt: skip
+        (out / "triton").mkdir(exist_ok=True)
+        (out / "triton" / "config.pbtxt").write_text(render_config(config))
+        parity = built.parity
+        version = registry.register(
+            name,
+            TRANSLATION,
+            out,
+            metrics={
+                "parity_exact_match": parity.exact_match,
+                "parity_chrf": parity.chrf,
+                "parity_min_chrf": parity.min_chrf,
+                "parity_texts": float(parity.n_samples),
+                "reference_texts": float(len(texts)),
+                "reference_output_tokens_mean": float(generated.mean()),
+                "unknown_token_ratio_reference": stats["unknown_token_ratio_mean"],
+            },
+            params={
+                "task": TRANSLATION,
+                "precision": built.precision,
+                "engine": "ctranslate2",
+                "compute_type_cpu": parity.compute_type,
+                "max_length": str(built.max_length),
+                "model_type": built.model_type,
+                "source": src,
+            },
+            tags={
+                "infergate.precision": built.precision,
+                "infergate.parity_check": parity.check,
+                "infergate.parity_passed": str(parity.passed).lower(),
+            },
+            alias=alias,
+        )
+        return Registered(
+            name, version, TRANSLATION, built.precision, parity.check, built.model_bytes
+        )
+
+
 def _check_task(registry: Registry, name: str, task: str) -> None:
     """A model keeps its task: its clients read one kind of output."""
     try:
@@ -283,9 +384,10 @@ def _check_task(registry: Registry, name: str, task: str) -> None:
 
 def describe(registered: Registered) -> str:
     r = asdict(registered)
+    engine = "CTranslate2" if r["task"] == TRANSLATION else "ONNX"
     line = (
         f"registered {r['name']} version {r['version']} ({r['task']}, {r['precision']}, "
-        f"{_size(r['onnx_bytes'])} ONNX, parity {r['parity_check']})"
+        f"{_size(r['onnx_bytes'])} {engine}, parity {r['parity_check']})"
     )
     return f"{line}\nquality {r['quality']}" if r["quality"] else line
 

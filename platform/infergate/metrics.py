@@ -32,6 +32,10 @@ TEXTS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # 0.5: the texts without any entity (Ray refuses a bucket boundary of 0).
 ENTITY_BUCKETS = (0.5, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 TERMS_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# Seconds of the Triton call per generated token (translation): a few ms on a CPU.
+PER_TOKEN_BUCKETS_S = (
+    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
 SCORE_BUCKETS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
@@ -134,6 +138,20 @@ ENTITIES = Metric(
     "Entities found, by type (token-classification; the simple strategy's groups).",
     (*MV, "entity"),
 )
+OUTPUT_TOKENS = Metric(
+    "output_tokens",
+    "histogram",
+    "Tokens of a generated text, the end token left out (translation).",
+    MV,
+    TOKEN_BUCKETS,
+)
+DECODING_TIME_PER_TOKEN = Metric(
+    "decoding_seconds_per_token",
+    "histogram",
+    "Seconds of a request's Triton call per token it generated (translation).",
+    MV,
+    PER_TOKEN_BUCKETS_S,
+)
 DRIFT = Metric(
     "drift_score",
     "gauge",
@@ -169,6 +187,8 @@ FRONTEND = (
     SPARSE_TERMS,
     ENTITIES_PER_TEXT,
     ENTITIES,
+    OUTPUT_TOKENS,
+    DECODING_TIME_PER_TOKEN,
     DRIFT,
     KEY_REQUESTS,
     ROLLOUT_WEIGHT,

@@ -22,7 +22,9 @@ class PredictBody(BaseModel):
         "L2-normalises. text-ranking: 'query' (required), the query each text is scored "
         "against; 'raw_scores' (default false): log-odds instead of 0..1 scores. "
         "sparse-embedding: 'top_k', the k heaviest terms only. token-classification: "
-        "'aggregation_strategy', none, simple (default), first, max or average.",
+        "'aggregation_strategy', none, simple (default), first, max or average. "
+        "translation: 'beam_size' (1 to 8, default 1) and 'max_decoding_length' (1 to 512, "
+        "default 128).",
     )
 
 
@@ -50,6 +52,10 @@ class Entity(BaseModel):
     index: int | None = Field(None, description="The token's position ('none' only).")
 
 
+class Translated(BaseModel):
+    translation_text: str = Field(description="The text the model generated.")
+
+
 class PredictResponse(BaseModel):
     model: str
     version: str
@@ -59,10 +65,12 @@ class PredictResponse(BaseModel):
         | list[Relevance]
         | list[SparseVector]
         | list[list[Entity]]
+        | list[Translated]
     ) = Field(
         description="Per input: label and scores (text-classification), a vector "
         "(feature-extraction), a relevance score (text-ranking), a sparse vector "
-        "(sparse-embedding), its entities (token-classification)."
+        "(sparse-embedding), its entities (token-classification), its translation "
+        "(translation)."
     )
 
 

@@ -27,6 +27,10 @@ PARAMETERS = {
     "raw_scores": bool,
     "top_k": int,
     "aggregation_strategy": str,
+    "beam_size": int,
+    "max_decoding_length": int,
+    "source_lang": str,
+    "target_lang": str,
 }
 EXAMPLE = '{"inputs": "I love this film"} or {"inputs": ["first text", "second text"]}'
 

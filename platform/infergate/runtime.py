@@ -78,16 +78,23 @@ class ModelRuntime:
         start = time.perf_counter()
         batch = task.tokenize(self.tokenizer, texts, parameters)
         tokenized = time.perf_counter()
+        extra = task.inference_inputs(batch, parameters)
         self.in_flight += 1
         try:
-            raw = await backend.infer(
-                self.triton_model, batch.input_ids, batch.attention_mask, self.spec.output_name
-            )
+            if extra:
+                raw = await backend.infer(
+                    self.triton_model, batch.input_ids, batch.attention_mask,
+                    self.spec.output_name, extra=extra,
+                )  # fmt: skip
+            else:  # every backend takes these four arguments
+                raw = await backend.infer(
+                    self.triton_model, batch.input_ids, batch.attention_mask, self.spec.output_name
+                )
         finally:
             self.in_flight -= 1
         inferred = time.perf_counter()
         labels = self.spec.labels
-        outputs, raw = task.postprocess(raw, batch, texts, labels, parameters)
+        outputs, raw = task.answer(raw, batch, texts, labels, parameters, self.tokenizer)
         figures = task.figures(raw, batch, labels)
         done = time.perf_counter()
         timings = Timings(tokenized - start, inferred - tokenized, done - inferred)

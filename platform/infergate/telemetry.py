@@ -183,6 +183,10 @@ class RayTelemetry:
         task = tasks.of(prediction)
         figures = prediction.figures or task.figures(prediction.raw, batch, prediction.labels)
         totals.observe(task.value_metric, mv, figures.values.tolist())
+        generated = float(figures.values.sum())
+        if task.time_per_token_metric is not None and generated > 0:
+            per_token = prediction.timings.inference_s / generated
+            totals.observe(task.time_per_token_metric, mv, (per_token,))
         if task.category_metric is not None and figures.categories is not None:
             counts = figures.categories.sum(axis=0)
             for name, count in zip(figures.names, counts.tolist(), strict=True):

@@ -66,6 +66,10 @@ class TextTokenizer:
     def from_dir(cls, path: Path, max_length: int) -> TextTokenizer:
         return cls(Tokenizer.from_file(str(Path(path) / "tokenizer.json")), max_length)
 
+    def decode_batch(self, ids: list[list[int]]) -> list[str]:
+        """Texts of token ids, special tokens left out (translation's outputs)."""
+        return list(self._tokenizer.decode_batch(ids, skip_special_tokens=True))
+
     def __call__(
         self,
         texts: list[str],

@@ -7,6 +7,7 @@ model name, its serving spec), and none of this needs Ray, Triton or MLflow.
 A registered version's artifacts live under one folder (``ARTIFACT_DIR``)::
 
     model.onnx            the optimised graph Triton serves
+    ctranslate2/          translation: the CTranslate2 model Triton serves, instead
     tokenizer/            tokenizer.json and friends (front-end replicas load it)
     infergate.json        the serving spec: task, labels, output name and size, max length
     reference_stats.json  statistics of the reference texts (the drift baseline)
@@ -28,6 +29,7 @@ CANARY = "canary"
 
 ARTIFACT_DIR = "model"
 ONNX_FILE = "model.onnx"
+CT2_DIR = "ctranslate2"  # translation: the CTranslate2 model, in place of model.onnx
 TOKENIZER_DIR = "tokenizer"
 SPEC_FILE = "infergate.json"
 REFERENCE_FILE = "reference_stats.json"
@@ -79,6 +81,8 @@ class Spec:
     output_name: str
     output_dim: int
     max_length: int
+    precision: str = ""  # int8, fp16 or fp32 (translation's Triton model reads it)
+    max_decoding_length: int = 0  # translation: the most tokens the model can generate
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Spec:
@@ -88,6 +92,8 @@ class Spec:
             output_name=data["output_name"],
             output_dim=int(data["output_dim"]),
             max_length=int(data["max_length"]),
+            precision=str(data.get("precision", "")),
+            max_decoding_length=int(data.get("max_decoding_length", 0)),
         )
 
 

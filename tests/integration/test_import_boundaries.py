@@ -18,6 +18,7 @@ CORE = (
     "infergate.config",
     "infergate.control.policy",
     "infergate.control.windows",
+    "infergate.chrf",
     "infergate.counters",
     "infergate.drift",
     "infergate.errors",

@@ -277,3 +277,69 @@ def test_past_the_queue_bound_a_request_is_shed_at_once_and_the_queue_drains():
         await batching.infer("m", *tokens([7]), "out")  # drained: taken again
 
     asyncio.run(scenario())
+
+
+class GeneratingBackend:
+    """Answers like translation's Triton model: per row, each id repeated ``decoding[0]``
+    times, padded with -1 to the call's longest; records the calls' extra inputs."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, np.ndarray] | None] = []
+        self.release = asyncio.Event()
+
+    async def infer(self, model, input_ids, attention_mask, output_name, *, extra=None):
+        self.calls.append(extra)
+        await self.release.wait()
+        settings = extra["decoding"]
+        rows = [
+            np.repeat(ids[mask == 1], int(decoding[0]))
+            for ids, mask, decoding in zip(input_ids, attention_mask, settings, strict=True)
+        ]
+        out = np.full((len(rows), max(len(r) for r in rows)), -1, dtype=np.int64)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = row
+        return out
+
+
+def test_extra_inputs_are_stacked_with_their_rows_and_outputs_go_back_to_their_callers():
+    async def scenario():
+        backend = GeneratingBackend()
+        batching = BatchingBackend(backend, max_rows=64, max_in_flight=1)
+
+        def ask(rows, repeat):
+            ids, mask = tokens(*rows)
+            decoding = np.tile(np.array([repeat, 9], dtype=np.int64), (len(rows), 1))
+            call = batching.infer("t", ids, mask, "translation_ids", extra={"decoding": decoding})
+            return asyncio.ensure_future(call)
+
+        first = ask([[5]], 1)  # goes out alone
+        await settle()
+        second, third = ask([[7, 8]], 2), ask([[3], [4, 4]], 1)  # wait, then one call
+        await settle()
+        backend.release.set()
+        one, two, three = await asyncio.gather(first, second, third)
+        assert len(backend.calls) == 2
+        assert backend.calls[1]["decoding"].tolist() == [[2, 9], [1, 9], [1, 9]]
+        assert one.tolist() == [[5]]
+        assert two.tolist() == [[7, 7, 8, 8]]
+        assert three.tolist() == [[3, -1, -1, -1], [4, 4, -1, -1]]  # the call's width
+
+    asyncio.run(scenario())
+
+
+def test_a_request_over_the_row_cap_is_sliced_with_its_extra_inputs():
+    async def scenario():
+        backend = GeneratingBackend()
+        backend.release.set()
+        batching = BatchingBackend(backend, max_rows=2, max_in_flight=4)
+        ids, mask = tokens([1], [2, 2], [3, 3, 3])
+        decoding = np.array([[1, 9], [1, 9], [2, 9]], dtype=np.int64)
+        out = await batching.infer("t", ids, mask, "translation_ids", extra={"decoding": decoding})
+        assert [call["decoding"].shape[0] for call in backend.calls] == [2, 1]
+        assert out.tolist() == [
+            [1, -1, -1, -1, -1, -1],
+            [2, 2, -1, -1, -1, -1],
+            [3, 3, 3, 3, 3, 3],
+        ]
+
+    asyncio.run(scenario())

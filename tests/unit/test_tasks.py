@@ -3,7 +3,7 @@ task's output names and metrics are its own."""
 
 from infergate import metrics, tasks
 from infergate.config import TASKS
-from infergate.triton.repository import OUTPUT_NAMES
+from infergate.triton.repository import OUTPUT_NAMES, TRANSLATION_OUTPUT
 
 
 def test_the_registry_holds_exactly_the_tasks_of_the_command_line():
@@ -12,16 +12,20 @@ def test_the_registry_holds_exactly_the_tasks_of_the_command_line():
 
 def test_each_task_has_its_own_output_and_a_recorded_value_metric():
     outputs = [task.output_name for task in tasks.TASKS.values()]
-    assert len(set(outputs)) == len(outputs) and set(outputs) == set(OUTPUT_NAMES)
+    # translation's output is CTranslate2's token ids, not an ONNX graph's floats
+    assert len(set(outputs)) == len(outputs)
+    assert set(outputs) == {*OUTPUT_NAMES, TRANSLATION_OUTPUT}
     for task in tasks.TASKS.values():
         assert task.value_metric in metrics.FRONTEND
         assert task.category_metric is None or task.category_metric in metrics.FRONTEND
+        per_token = task.time_per_token_metric
+        assert per_token is None or per_token in metrics.FRONTEND
 
 
 def test_an_unknown_task_is_named_in_the_error():
     try:
-        tasks.get("translation")
+        tasks.get("summarization")
     except ValueError as error:
-        assert "'translation' is not supported" in str(error)
+        assert "'summarization' is not supported" in str(error)
     else:
         raise AssertionError("no error")

@@ -82,6 +82,9 @@ def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
     tagged = replace(prediction(np.zeros((1, 4, 3)), ["O", "B-LOC", "B-PER"]),
                      task="token-classification", figures=entities)  # fmt: skip
     telemetry.request("n", "1", 200, tagged, 0.003)
+    generated = np.array([[5, 6, 7], [8, -1, -1]])  # 4 tokens in a 0.002 s Triton call
+    translated = replace(prediction(generated, []), task="translation")
+    telemetry.request("t", "1", 200, translated, 0.003)
     telemetry.request("s", "1", 404, None, 0.001)
     telemetry.caller("search-team", "s", 429)
     assert not any(g.values for g in gauges.values())  # nothing reaches Ray before a flush
@@ -98,6 +101,10 @@ def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
         m.DRIFT.full_name,
         m.ROLLOUT_WEIGHT.full_name,
     }
+    t = (("model", "t"), ("version", "1"))
+    assert samples[("infergate_output_tokens_sum", t)] == 4
+    assert samples[("infergate_decoding_seconds_per_token_sum", t)] == pytest.approx(0.0005)
+    assert samples[("infergate_decoding_seconds_per_token_count", t)] == 1
     assert samples[("infergate_predicted_class_total", (("class", "pos"), ("model", "s"),
                                                         ("version", "1")))] == 1  # fmt: skip
     assert samples[("infergate_requests_total", (("model", "s"), ("status", "404"),

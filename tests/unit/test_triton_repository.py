@@ -265,3 +265,44 @@ def test_server_command_and_environment(tmp_path: Path) -> None:
     assert env["PATH"] == f"{Path(sys.executable).parent}{os.pathsep}/usr/bin"
     assert env["KEEP"] == "1"
     assert server_environment({})["LD_LIBRARY_PATH"] == str(install.libs_dir)
+
+
+def test_a_translation_version_is_a_python_model_running_ctranslate2(tmp_path: Path) -> None:
+    from infergate.triton.repository import translation_files
+
+    ct2 = tmp_path / "ctranslate2"
+    ct2.mkdir()
+    for name in ("model.bin", "config.json", "shared_vocabulary.json"):
+        (ct2 / name).write_bytes(b"x")
+    settings = SETTINGS.model_copy(update={"backend": "onnxruntime"})  # not for this model
+    files = translation_files(
+        "opus__v1", ct2, precision="int8", max_decoding_length=63, settings=settings
+    )
+    config = files.config
+    assert config.backend == "python" and not config.platform
+    assert [(i.name, list(i.dims), i.allow_ragged_batch) for i in config.input] == [
+        ("input_ids", [-1], True),
+        ("attention_mask", [-1], True),
+        ("decoding", [2], False),
+    ]
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
+        ("translation_ids", mc.TYPE_INT64, [-1])
+    ]
+    assert config.parameters["precision"].string_value == "int8"
+    assert config.parameters["max_decoding_length"].string_value == "63"
+    assert sorted(files.files) == [
+        "1/ctranslate2/config.json",
+        "1/ctranslate2/model.bin",
+        "1/ctranslate2/shared_vocabulary.json",
+        "1/model.py",
+        "warmup/attention_mask",
+        "warmup/decoding",
+        "warmup/input_ids",
+    ]
+    model_py = resources.files("infergate.triton").joinpath("translator_model.py").read_bytes()
+    assert files.files["1/model.py"] == model_py
+    # the config round-trips through Triton's text format, as written to config.pbtxt
+    assert parse(render_config(config)) == config
+    with pytest.raises(FileNotFoundError):
+        translation_files("opus__v1", tmp_path, precision="int8", max_decoding_length=63,
+                          settings=settings)  # fmt: skip

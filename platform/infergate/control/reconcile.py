@@ -24,9 +24,10 @@ from infergate.errors import BackendUnavailable, InfergateError, RegistrationErr
 from infergate.registry import Registry
 from infergate.replica import load_version
 from infergate.triton.fleet import TritonFleet
-from infergate.triton.repository import model_files
+from infergate.triton.repository import model_files, translation_files
 from infergate.versions import (
     CHAMPION,
+    CT2_DIR,
     ONNX_FILE,
     ServedVersion,
     triton_model_name,
@@ -34,6 +35,7 @@ from infergate.versions import (
 )
 
 log = logging.getLogger(__name__)
+TRANSLATION = "translation"  # served by CTranslate2 rather than an ONNX file
 
 
 @dataclass
@@ -185,6 +187,15 @@ class ControlPlane:
                 f"it is a {spec.task} model; {version.name} serves {version.task}"
             )
         cache = version_cache(self.cache_dir, version)
+        if spec.task == TRANSLATION:
+            ct2_dir = self.registry.download(version.source, CT2_DIR, cache)
+            files = translation_files(
+                model, ct2_dir, precision=spec.precision,
+                max_decoding_length=spec.max_decoding_length,
+                settings=self.fleet.model_settings(),
+            )  # fmt: skip
+            self.fleet.load(files, only=only)
+            return
         onnx_path = self.registry.download(version.source, ONNX_FILE, cache)
         files = model_files(
             model,

@@ -216,6 +216,17 @@ def model() -> Dashboard:
             min_value=0,
             description="Share of each entity type among the entities found.",
         ),
+        Panel(
+            "Output tokens per text (p50 / p95, translation)",
+            percentiles(m.OUTPUT_TOKENS, (0.5, 0.95), *mv),
+            description="Tokens of each generated text, end token left out.",
+        ),
+        Panel(
+            "Decoding time per output token (p50 / p95, translation)",
+            percentiles(m.DECODING_TIME_PER_TOKEN, (0.5, 0.95), *mv),
+            unit="s",
+            description="A request's Triton call (CTranslate2) divided by the tokens it generated.",
+        ),
     )
     inputs = (
         Panel(

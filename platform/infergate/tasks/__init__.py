@@ -64,6 +64,8 @@ class Task:
     category_feature: ClassVar[str] = ""  # their drift feature
     category_metric: ClassVar[Metric | None] = None  # their counter
     centroid: ClassVar[bool] = False  # drift also follows the mean direction of ``raw``
+    # Seconds of the Triton call per generated token, observed per request (translation).
+    time_per_token_metric: ClassVar[Metric | None] = None
 
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
         """Refuse parameters of other tasks, and values out of range."""
@@ -81,6 +83,23 @@ class Task:
         self, tokenizer: TextTokenizer, texts: list[str], parameters: Mapping[str, Any]
     ) -> Batch:
         return tokenizer(texts)
+
+    def inference_inputs(self, batch: Batch, parameters: Mapping[str, Any]) -> dict[str, Any]:
+        """Triton inputs beside ``input_ids`` and ``attention_mask``: name -> int64
+        ``[texts, n]`` array (translation's decoding settings); none for most tasks."""
+        return {}
+
+    def answer(
+        self,
+        raw: np.ndarray,
+        batch: Batch,
+        texts: list[str],
+        labels: Sequence[str],
+        parameters: Mapping[str, Any],
+        tokenizer: TextTokenizer,
+    ) -> tuple[Any, np.ndarray]:
+        """``postprocess``, for tasks that need the tokenizer back (to detokenize)."""
+        return self.postprocess(raw, batch, texts, labels, parameters)
 
     def postprocess(
         self,
@@ -134,6 +153,7 @@ def _registry() -> dict[str, Task]:
     from infergate.tasks.ranking import TextRanking
     from infergate.tasks.sparse import SparseEmbedding
     from infergate.tasks.tokens import TokenClassification
+    from infergate.tasks.translation import Translation
 
     tasks: list[Task] = [
         FeatureExtraction(),
@@ -141,6 +161,7 @@ def _registry() -> dict[str, Task]:
         TextRanking(),
         SparseEmbedding(),
         TokenClassification(),
+        Translation(),
     ]
     return {task.name: task for task in tasks}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -78,8 +79,11 @@ class TritonBackend:
         input_ids: np.ndarray,
         attention_mask: np.ndarray,
         output_name: str,
+        *,
+        extra: Mapping[str, np.ndarray] | None = None,
     ) -> np.ndarray:
-        """Run ``model`` on one tokenized batch and return its ``[batch, dim]`` output.
+        """Run ``model`` on one tokenized batch and return its ``[batch, dim]`` output;
+        ``extra`` holds more int64 inputs by name (translation's decoding settings).
 
         Raises:
             BackendUnavailable: Triton is unreachable, timed out, or ``model`` is not loaded.
@@ -88,6 +92,7 @@ class TritonBackend:
         inputs = [
             _infer_input("input_ids", input_ids),
             _infer_input("attention_mask", attention_mask),
+            *(_infer_input(name, array) for name, array in (extra or {}).items()),
         ]
         outputs = [grpcclient_aio.InferRequestedOutput(output_name)]
         try:

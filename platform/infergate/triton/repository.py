@@ -36,10 +36,15 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from infergate.config import TritonSettings
 from infergate.tasks import TASKS
-from infergate.versions import ONNX_FILE
+from infergate.tasks.translation import DECODING_INPUT
+from infergate.versions import CT2_DIR, ONNX_FILE
 
 INPUT_NAMES = ("input_ids", "attention_mask")
-OUTPUT_NAMES = tuple(task.output_name for task in TASKS.values())
+TRANSLATION_OUTPUT = TASKS["translation"].output_name
+# The ONNX graphs' outputs (float32); translation's is CTranslate2's, int64 ids.
+OUTPUT_NAMES = tuple(
+    task.output_name for task in TASKS.values() if task.output_name != TRANSLATION_OUTPUT
+)
 # Outputs with one row per token, [batch, sequence, n] (dims [-1, n]); the others are
 # [batch, n].
 PER_TOKEN_OUTPUTS = tuple(task.output_name for task in TASKS.values() if task.per_token)
@@ -55,6 +60,7 @@ WARMUP_DATA = {
     "input_ids": np.ones(WARMUP_TOKENS, dtype=np.int64),
     "attention_mask": np.ones(WARMUP_TOKENS, dtype=np.int64),
 }
+WARMUP_DECODING = np.array([1, 4], dtype=np.int64)  # greedy, 4 tokens
 
 # Folder names that are safe on every filesystem and in URLs (/v2/models/<name>/infer).
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -133,6 +139,88 @@ def build_config(
         )
     )
     return config
+
+
+def build_translation_config(
+    triton_name: str, *, precision: str, max_decoding_length: int, settings: TritonSettings
+) -> mc.ModelConfig:
+    """The ``ModelConfig`` of a translation version: a Python-backend model running
+    CTranslate2 (``translator_model.py``) whatever ``settings.backend`` says, since
+    Triton's ONNX Runtime backend has nothing to run here."""
+    _check_name(triton_name)
+    kind = mc.ModelInstanceGroup.KIND_GPU if settings.gpu else mc.ModelInstanceGroup.KIND_CPU
+    config = mc.ModelConfig(
+        name=triton_name,
+        backend="python",
+        max_batch_size=settings.max_batch_size,
+        input=[
+            *(
+                mc.ModelInput(
+                    name=name, data_type=mc.TYPE_INT64, dims=[-1], allow_ragged_batch=True
+                )
+                for name in INPUT_NAMES
+            ),
+            # (beam size, maximum decoding length) per row
+            mc.ModelInput(name=DECODING_INPUT, data_type=mc.TYPE_INT64, dims=[2]),
+        ],
+        output=[mc.ModelOutput(name=TRANSLATION_OUTPUT, data_type=mc.TYPE_INT64, dims=[-1])],
+        dynamic_batching=mc.ModelDynamicBatching(
+            max_queue_delay_microseconds=settings.max_queue_delay_us
+        ),
+        instance_group=[mc.ModelInstanceGroup(count=settings.instance_count, kind=kind)],
+    )
+    config.parameters["intra_threads"].string_value = str(settings.ort_intra_op_threads)
+    config.parameters["precision"].string_value = precision
+    # Requests asking for more are capped to it: the decoder has no positions past it.
+    config.parameters["max_decoding_length"].string_value = str(max_decoding_length)
+    config.model_warmup.append(
+        mc.ModelWarmup(
+            name="warmup",
+            batch_size=1,
+            count=WARMUP_COUNT,
+            inputs={
+                **{
+                    name: mc.ModelWarmup.Input(
+                        data_type=mc.TYPE_INT64, dims=[WARMUP_TOKENS], input_data_file=name
+                    )
+                    for name in INPUT_NAMES
+                },
+                DECODING_INPUT: mc.ModelWarmup.Input(
+                    data_type=mc.TYPE_INT64, dims=[2], input_data_file=DECODING_INPUT
+                ),
+            },
+        )
+    )
+    return config
+
+
+def translation_files(
+    triton_name: str,
+    ct2_dir: Path,
+    *,
+    precision: str,
+    max_decoding_length: int,
+    settings: TritonSettings,
+) -> ModelFiles:
+    """The model folder of one translation version: the converted model's files under
+    ``1/ctranslate2/`` and ``translator_model.py`` as ``1/model.py``."""
+    config = build_translation_config(
+        triton_name, precision=precision, max_decoding_length=max_decoding_length,
+        settings=settings,
+    )  # fmt: skip
+    if not (ct2_dir / "model.bin").is_file():
+        raise FileNotFoundError(f"No CTranslate2 model (model.bin) in {ct2_dir}.")
+    files: dict[str, bytes | Path] = {
+        f"{MODEL_VERSION_DIR}/{CT2_DIR}/{path.name}": path
+        for path in sorted(ct2_dir.iterdir())
+        if path.is_file()
+    }
+    source = resources.files("infergate.triton").joinpath("translator_model.py")
+    files[f"{MODEL_VERSION_DIR}/model.py"] = source.read_bytes()
+    for name, data in WARMUP_DATA.items():
+        files[f"warmup/{name}"] = data.tobytes()
+    files[f"warmup/{DECODING_INPUT}"] = WARMUP_DECODING.tobytes()
+    return ModelFiles(triton_name, config, files)
 
 
 def render_config(config: mc.ModelConfig) -> str:

@@ -1,0 +1,159 @@
+"""Triton Python-backend model: CTranslate2 over one dynamic batch of ragged requests.
+
+Copied into a translation model's folder as ``<name>/1/model.py`` beside the converted
+model (``<name>/1/ctranslate2/``: ``model.bin``, ``config.json`` and the vocabulary
+files); runs inside Triton's Python-backend stub and depends on numpy and ctranslate2
+only. (Triton has a CTranslate2 backend of its own only as C++ to build against a
+server; the nvidia-pytriton wheel runs Python-backend models only.)
+
+Contract: inputs ``input_ids`` and ``attention_mask`` (int64 ``[rows, sequence]``, one
+request's rows right-padded by the front-end), ``decoding`` (int64 ``[rows, 2]``:
+beam size and maximum decoding length of each row, the length capped to the config's
+``max_decoding_length``, past which the decoder has no positions); output
+``translation_ids`` (int64 ``[rows, longest]``): the generated token ids, end token left
+out, each row padded with -1 to the longest of its request. Rows of every request in the
+batch are grouped by their decoding settings and each group is one ``translate_batch``
+call.
+
+CTranslate2 takes tokens as strings: ids are mapped through the converted model's
+vocabulary, which keeps the tokenizer's ids (``infergate.ct2_export`` checks that).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import ctranslate2
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"
+DECODING = "decoding"
+OUTPUT = "translation_ids"
+PAD_ID = -1
+MODEL_DIR = "ctranslate2"
+# Registered precision -> CTranslate2 compute type on a CPU and on a GPU instance.
+COMPUTE_TYPES = {
+    "int8": {"CPU": "int8", "GPU": "int8_float16"},
+    "fp16": {"CPU": "float32", "GPU": "float16"},
+    "fp32": {"CPU": "float32", "GPU": "float32"},
+}
+
+
+def read_vocabulary(model_dir: Path) -> list[str]:
+    """The target vocabulary of a converted model: ``shared_vocabulary.json`` or
+    ``target_vocabulary.json`` (a list of tokens, index = id)."""
+    for name in ("shared_vocabulary.json", "target_vocabulary.json"):
+        path = model_dir / name
+        if path.is_file():
+            return list(json.loads(path.read_text()))
+    raise FileNotFoundError(f"no vocabulary file in {model_dir}")
+
+
+class TritonPythonModel:
+    """One model instance: a ``ctranslate2.Translator``."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        parameters = config.get("parameters", {})
+        threads = int(parameters.get("intra_threads", {}).get("string_value", "0"))
+        precision = parameters.get("precision", {}).get("string_value", "int8")
+        limit = parameters.get("max_decoding_length", {}).get("string_value", "0")
+        self.max_decoding_length = int(limit) or None  # None: no cap
+        kind = "GPU" if args.get("model_instance_kind") == "GPU" else "CPU"
+        model_dir = Path(args["model_repository"]) / args["model_version"] / MODEL_DIR
+        self.translator = ctranslate2.Translator(
+            str(model_dir),
+            device="cuda" if kind == "GPU" else "cpu",
+            device_index=int(args.get("model_instance_device_id", "0")),
+            compute_type=COMPUTE_TYPES.get(precision, COMPUTE_TYPES["int8"])[kind],
+            inter_threads=1,  # Triton's instances are the parallel ones
+            intra_threads=threads,  # 0: CTranslate2 picks
+        )
+        # Source and target share one vocabulary for the models registered so far; with
+        # two files the source one maps input ids.
+        source = model_dir / "source_vocabulary.json"
+        self.source_tokens = json.loads(source.read_text()) if source.is_file() else None
+        self.tokens = read_vocabulary(model_dir)
+        self.source_tokens = self.source_tokens or self.tokens
+        self.ids = {token: i for i, token in enumerate(self.tokens)}
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        """Translate every row of every request, grouped by decoding settings; one
+        response per request. A malformed request gets its own error response."""
+        responses: list[Any] = [None] * len(requests)
+        rows: list[tuple[int, list[str], tuple[int, int]]] = []  # (request, tokens, settings)
+        for index, request in enumerate(requests):
+            try:
+                rows.extend((index, tokens, key) for tokens, key in self._rows(request))
+            except ValueError as problem:
+                responses[index] = _error_response(str(problem))
+        groups: dict[tuple[int, int], list[int]] = {}
+        for position, (_, _, key) in enumerate(rows):
+            groups.setdefault(key, []).append(position)
+        outputs: list[list[int]] = [[] for _ in rows]
+        failed: dict[int, str] = {}
+        for (beam, length), positions in groups.items():
+            try:
+                results = self.translator.translate_batch(
+                    [rows[p][1] for p in positions],
+                    beam_size=beam,
+                    max_decoding_length=length,
+                )
+            except Exception as exc:  # bad settings or ids: the requests of the group fail
+                for p in positions:
+                    failed[rows[p][0]] = f"CTranslate2 failed on this request: {exc}"
+                continue
+            for p, result in zip(positions, results, strict=True):
+                outputs[p] = [self.ids.get(token, 0) for token in result.hypotheses[0]]
+        per_request: dict[int, list[list[int]]] = {}
+        for position, (index, _, _) in enumerate(rows):
+            per_request.setdefault(index, []).append(outputs[position])
+        for index, generated in per_request.items():
+            if index in failed:
+                responses[index] = _error_response(failed[index])
+                continue
+            longest = max((len(ids) for ids in generated), default=0)
+            padded = np.full((len(generated), max(longest, 1)), PAD_ID, dtype=np.int64)
+            for row, ids in enumerate(generated):
+                padded[row, : len(ids)] = ids
+            tensor = pb_utils.Tensor(OUTPUT, padded)
+            responses[index] = pb_utils.InferenceResponse(output_tensors=[tensor])
+        return responses
+
+    def _rows(self, request: Any) -> list[tuple[list[str], tuple[int, int]]]:
+        ids = pb_utils.get_input_tensor_by_name(request, INPUT_IDS)
+        mask = pb_utils.get_input_tensor_by_name(request, ATTENTION_MASK)
+        decoding = pb_utils.get_input_tensor_by_name(request, DECODING)
+        if ids is None or mask is None or decoding is None:
+            raise ValueError(f"the request needs {INPUT_IDS}, {ATTENTION_MASK} and {DECODING}")
+        ids, mask, decoding = ids.as_numpy(), mask.as_numpy(), decoding.as_numpy()
+        if ids.shape != mask.shape or ids.ndim != 2 or decoding.shape != (ids.shape[0], 2):
+            raise ValueError(
+                f"shapes {list(ids.shape)}, {list(mask.shape)} and {list(decoding.shape)}: "
+                f"expected [rows, sequence] twice and [rows, 2]"
+            )
+        vocabulary = len(self.source_tokens)
+        rows = []
+        for row_ids, row_mask, (beam, length) in zip(ids, mask, decoding, strict=True):
+            kept = row_ids[row_mask.astype(bool)]
+            if kept.size and (kept.min() < 0 or kept.max() >= vocabulary):
+                raise ValueError(f"token ids must be within 0..{vocabulary - 1}")
+            if beam < 1 or length < 1:
+                raise ValueError("beam size and maximum decoding length must be at least 1")
+            tokens = [self.source_tokens[i] for i in kept.tolist()]
+            if self.max_decoding_length is not None:
+                length = min(int(length), self.max_decoding_length)
+            rows.append((tokens, (int(beam), int(length))))
+        return rows
+
+    def finalize(self) -> None:
+        self.translator = None
+
+
+def _error_response(message: str) -> Any:
+    error = pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
