@@ -49,7 +49,14 @@ def results_with_tasks() -> dict:
                     "ceiling": ceiling((1, 500.0), (16, 1800.0), (32, 1600.0)),
                     "served": {
                         "infergate": {"cell": cell(900.0)},
-                        "fastembed": {"cell": cell(450.0), "setting": "2 worker(s) x 1"},
+                        "fastembed": {
+                            "cell": cell(450.0), "setting": "2 worker(s) x 1", "precision": "fp32",
+                            "cosine_to_infergate": 0.99412,
+                            "settings": [
+                                {"setting": "2 worker(s) x 1", "cell": cell(450.0)},
+                                {"setting": "1 worker(s) x 2", "error": "StackError: died\nlog"},
+                            ],
+                        },
                         "infinity": {"settings": [], "error": "FileNotFoundError: missing"},
                     },
                 },
@@ -160,11 +167,25 @@ def test_report_has_a_task_table_and_names_the_random_weights(tmp_path):
     ours = lines["| feature-extraction | infergate"]
     assert "| 900.0 | 225.0 |" in ours and "| 0 | 12 | 1,800.0 (16, 1 session x 2 threads)" in ours
     assert ours.endswith("| 0.50 |")
-    assert lines["| feature-extraction | fastembed (2 worker(s) x 1)"].endswith("| 0.25 |")
+    theirs = lines["| feature-extraction | fastembed (2 worker(s) x 1)"]
+    assert theirs.endswith("| 0.25 |") and "| embed (fp32) |" in theirs and "(int8)" in ours
     assert "failed: FileNotFoundError: missing" in lines["| feature-extraction | infinity"]
     assert "- token-classification: ner, random weights" in text
     assert "infinity could not run: FileNotFoundError: missing" in text
+    assert "fastembed's vectors against infergate's, same texts: least cosine 0.9941" in text
+    assert "fastembed (1 worker(s) x 2) failed: StackError: died;" in text
+
     files = write_report(results_with_tasks(), tmp_path)
     document = json.loads(files["json"].read_text())
     shares = [r["share"] for r in document["task_rows"] if r["share"] is not None]
     assert len(shares) == 2 and all(math.isfinite(s) and s > 0 for s in shares)
+
+
+def test_servers_vectors_are_compared_by_their_least_cosine():
+    from infergate.bench.task_cells import embeddings_of, least_cosine
+
+    ours = embeddings_of(b'{"outputs": [[1.0, 0.0], [0.0, 2.0]]}')
+    theirs = embeddings_of(b'{"data": [{"embedding": [2.0, 0.0]}, {"embedding": [1.0, 1.0]}]}')
+    assert ours == [[1.0, 0.0], [0.0, 2.0]] and theirs == [[2.0, 0.0], [1.0, 1.0]]
+    assert least_cosine(ours, theirs) == pytest.approx(math.sqrt(0.5))
+    assert embeddings_of(b'{"outputs": [{"label": "positive", "score": 0.9}]}') is None

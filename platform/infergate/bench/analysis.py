@@ -296,7 +296,7 @@ def task_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                     "model": record.get("model"),
                     "weights": record.get("weights"),
                     "random_weights": bool(record.get("random_weights")),
-                    "precision": record.get("precision"),
+                    "precision": served.get("precision") or record.get("precision"),
                     "server": server,
                     "setting": served.get("setting"),
                     "sequences_per_s": sps,

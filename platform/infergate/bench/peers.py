@@ -80,6 +80,7 @@ class Peer(_ChildScenario):
 
     setting: str
     case: PeerRoute
+    precision = "fp32"  # what its model file holds (infergate serves what it registered)
 
     def __init__(self, model: TaskModel, workdir: Path) -> None:
         # Scenario wants the prepared sentiment model; a peer serves the embed model only.
@@ -142,14 +143,23 @@ class InfinityPeer(Peer):
 
     def start(self) -> None:
         [self.port] = free_ports(1)
+        # Started in the model's folder, named ".": for a local folder infinity 0.0.78 hands
+        # optimum the ONNX file's path as found under the folder's name, and optimum 2
+        # looks for that path inside the folder ("Could not find any ONNX files with
+        # target file name /.../model.onnx, only found: [model.onnx]").
         command = [
+            "env",
+            f"--chdir={self.model_dir}",
             str(INFINITY_ENV_DIR / "bin" / "infinity_emb"),
             "v2",
-            f"--model-id={self.model_dir}",
+            "--model-id=.",
             f"--served-model-name={SERVED_NAME}",
             f"--engine={self.engine}",
             "--device=cpu",
             f"--batch-size={self.batch_size}",
+            # all-MiniLM-L6-v2 is mean-pooled; said outright, as the ONNX folder lacks the
+            # sentence-transformers files infinity otherwise reads it from.
+            "--pooling-method=mean",
             f"--host={HOST}",
             f"--port={self.port}",
             "--log-level=warning",  # no line per request, as the naive server's uvicorn
@@ -179,7 +189,7 @@ def _version(package: str) -> str:
 
 def _infinity_version() -> str:
     found = sorted((INFINITY_ENV_DIR / "lib").glob("python*/site-packages/infinity_emb-*"))
-    return found[-1].name.split("-")[1] if found else "?"
+    return found[-1].name.removesuffix(".dist-info").split("-")[1] if found else "?"
 
 
 def make_peer(name: str, model: TaskModel, workdir: Path) -> list[Peer]:

@@ -295,6 +295,15 @@ def _task_section(results: dict[str, Any]) -> list[str]:
         for name, served in (record.get("served") or {}).items():
             if name != "infergate" and served.get("error") and not served.get("cell"):
                 models[task] += f"; {name} could not run: {served['error']}"
+            elif served.get("cosine_to_infergate") is not None:
+                models[task] += (
+                    f"; {name}'s vectors against infergate's, same texts: least cosine "
+                    f"{served['cosine_to_infergate']:.4f}"
+                )
+            for tried in served.get("settings", []):
+                if tried.get("error") and served.get("cell"):
+                    first = tried["error"].splitlines()[0]
+                    models[task] += f"; {name} ({tried['setting']}) failed: {first}"
     out += [
         "",
         f"Concurrency {cell.get('concurrency', '?')}, {cell.get('texts', '?')} texts of about "

@@ -22,6 +22,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import orjson
+
 from infergate.bench.loadgen import HttpTarget, run_sync, send_once
 from infergate.bench.measure import (
     CEILING_NOISY_CPU_PERCENT,
@@ -129,6 +132,25 @@ def _ceilings(
             record["ceiling"] = again
 
 
+def embeddings_of(answer: bytes) -> list[list[float]] | None:
+    """The vectors of an embeddings answer, infergate's (``outputs``) or OpenAI's shape
+    (``data``); None for another task's answer."""
+    document = orjson.loads(answer)
+    if "data" in document:
+        return [item["embedding"] for item in document["data"]]
+    outputs = document.get("outputs") or []
+    if outputs and isinstance(outputs[0], list) and isinstance(outputs[0][0], float):
+        return list(outputs)
+    return None
+
+
+def least_cosine(ours: list[list[float]], theirs: list[list[float]]) -> float:
+    """The least cosine between the vectors two servers gave the same texts."""
+    a, b = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
+    cosines = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return float(cosines.min())
+
+
 def measure_task(
     scenario: Scenario,
     case: Route,
@@ -137,9 +159,10 @@ def measure_task(
     options: BenchOptions,
     say: Say,
     label: str,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[list[float]] | None]:
     """Probe, then measure the task cell of ``scenario`` on ``case``'s route; the probe
-    must answer 200 with a result per text, else the cell is not measured."""
+    must answer 200 with a result per text, else the cell is not measured. Returns the
+    cell's row and the probe's vectors (embeddings only, to compare servers)."""
     cell = task_cell()
     texts = build_text_sets(tokenizer_dir, (cell.tokens,))
     bodies = [case.body(texts.request_texts(cell, i)) for i in range(64)]
@@ -154,13 +177,14 @@ def measure_task(
     row = measure_cell(scenario, texts, cell, profile, options, say, target)
     row["mean_tokens"] = texts.mean_tokens[cell.tokens]
     say(progress_line(label, row))
-    return row
+    return row, embeddings_of(answer)
 
 
 def _run_stack(
     tasks: PreparedTasks,
     prepared: PreparedModel,
     records: dict[str, dict[str, Any]],
+    probes: dict[str, list[list[float]]],
     profile: Profile,
     options: BenchOptions,
     say: Say,
@@ -175,10 +199,12 @@ def _run_stack(
         info["start_s"] = round(time.monotonic() - started, 1)
         for task, model in tasks.models.items():
             try:
-                row = measure_task(
+                row, vectors = measure_task(
                     stack, model.case, model.tokenizer_dir, profile, options, say, task[:9]
                 )
                 records[task]["served"]["infergate"] = {"cell": row}
+                if vectors is not None:
+                    probes[task] = vectors
             except Exception as exc:
                 records[task]["served"]["infergate"] = {"error": f"{type(exc).__name__}: {exc}"}
                 say(f"[tasks] {task} FAILED: {exc}")
@@ -227,12 +253,14 @@ def run_tasks(
     _ceilings(tasks.models, records, profile, options, say)
     stack_dir = workdir / "tasks-stack"
     stack_dir.mkdir(parents=True)
-    stack = _run_stack(tasks, prepared, records, profile, options, say, stack_dir)
+    probes: dict[str, list[list[float]]] = {}
+    stack = _run_stack(tasks, prepared, records, probes, profile, options, say, stack_dir)
     embed = tasks.models.get("feature-extraction")
     for name in peers if embed else ():
         records["feature-extraction"]["served"][name] = _run_peer(
-            name, embed, profile, options, say, workdir / f"peer-{name}"
-        )
+            name, embed, probes.get("feature-extraction"), profile, options, say,
+            workdir / f"peer-{name}",
+        )  # fmt: skip
     _ceilings(tasks.models, records, profile, options, say)
     return {
         "cell": {"concurrency": TASK_CONCURRENCY, "texts": TASK_TEXTS, "tokens": TASK_TOKENS},
@@ -243,9 +271,17 @@ def run_tasks(
 
 
 def _run_peer(
-    name: str, model: TaskModel, profile: Profile, options: BenchOptions, say: Say, workdir: Path
+    name: str,
+    model: TaskModel,
+    reference: list[list[float]] | None,
+    profile: Profile,
+    options: BenchOptions,
+    say: Say,
+    workdir: Path,
 ) -> dict[str, Any]:
-    """Every setting a peer is tried with, one server each; the fastest is its figure."""
+    """Every setting a peer is tried with, one server each; the fastest is its figure.
+    Each setting's answer to the probe is compared with infergate's (``reference``): the
+    least cosine between their vectors of the same texts."""
     record: dict[str, Any] = {"settings": []}
     try:
         peer_settings = make_peer(name, model, workdir)
@@ -254,7 +290,11 @@ def _run_peer(
         say(f"[{name}] cannot run: {exc}")
         return record
     for index, peer in enumerate(peer_settings):
-        tried: dict[str, Any] = {"setting": peer.setting, "description": peer.description}
+        tried: dict[str, Any] = {
+            "setting": peer.setting,
+            "description": peer.description,
+            "precision": peer.precision,
+        }
         peer.workdir = workdir / f"setting-{index}"
         peer.workdir.mkdir(parents=True, exist_ok=True)
         try:
@@ -262,9 +302,11 @@ def _run_peer(
             began = time.monotonic()
             peer.start()
             tried["start_s"] = round(time.monotonic() - began, 1)
-            tried["cell"] = measure_task(
+            tried["cell"], vectors = measure_task(
                 peer, peer.case, model.tokenizer_dir, profile, options, say, name
             )
+            if reference is not None and vectors is not None:
+                tried["cosine_to_infergate"] = least_cosine(reference, vectors)
         except Exception as exc:
             tried["error"] = f"{type(exc).__name__}: {exc}"
             tried["log_tail"] = peer.log_tail()
@@ -280,6 +322,8 @@ def _run_peer(
     if measured:
         best = max(measured, key=lambda s: s["cell"]["sequences_per_s"])
         record["cell"], record["setting"] = best["cell"], best["setting"]
+        record["cosine_to_infergate"] = best.get("cosine_to_infergate")
+        record["precision"] = best["precision"]
     else:
         record["error"] = "; ".join(s.get("error", "?") for s in record["settings"])
     return record
