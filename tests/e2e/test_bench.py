@@ -176,3 +176,34 @@ def test_the_lean_front_end_answers_on_the_stack_and_leaves_nothing_behind(tmp_p
     assert record["info"]["left_after_down"] == []
     shares = {s["cell"]: s["share"] for s in results["ceiling_shares"] if s["scenario"] == "lean"}
     assert set(shares) == {"c32-t1-n16", "c32-t16-n16"} and min(shares.values()) > 0
+
+
+def test_a_task_cell_runs_against_its_ceiling(tmp_path: Path):
+    """`bench --smoke --tasks`: the short form of the task cells, feature-extraction on the
+    whole stack against its own ceiling (the first run on a machine also registers the
+    task's model)."""
+    out = tmp_path / "results"
+    command = [sys.executable, "-m", "infergate.bench.cli", "bench", "--smoke", "--tasks"]
+    command += ["--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1500, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["scenarios"] == {} and results["ceiling"] is None  # the tasks alone
+    tasks = results["tasks"]
+    assert "error" not in tasks["stack"], tasks["stack"].get("log_tail")
+    assert tasks["stack"]["served_onnx_is_prepared_file"] == {"feature-extraction": True}
+    assert tasks["stack"]["left_after_down"] == []
+    record = tasks["cases"]["feature-extraction"]
+    assert record["model"] == "embed" and not record["random_weights"]
+    cell = record["served"]["infergate"]["cell"]
+    assert (cell["concurrency"], cell["texts"], cell["tokens"]) == (32, 4, 16)
+    assert cell["errors"] == 0 and cell["ok"] >= 2 * cell["concurrency"]
+    ceiling = record["ceiling"]
+    assert ceiling["task"] == "feature-extraction" and ceiling["runs"] == 2
+    assert {row["batch"] for row in ceiling["rows"]} == {1, 16, 32}
+    [row] = results["task_rows"]
+    assert row["server"] == "infergate" and row["error"] is None
+    assert math.isfinite(row["share"]) and row["share"] > 0
+    best = max(r["sequences_per_s"] for r in ceiling["rows"])
+    assert row["share"] == pytest.approx(cell["sequences_per_s"] / best)
+    assert "## Tasks" in (out / "results.md").read_text()

@@ -266,3 +266,51 @@ def latency_budget(results: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+# -- task cells ------------------------------------------------------------------------------
+
+
+def task_ceiling_best(record: dict[str, Any]) -> dict[str, Any] | None:
+    """A task's fastest ceiling row (any batch size and layout)."""
+    rows = (record.get("ceiling") or {}).get("rows", [])
+    return max(rows, key=lambda r: r["sequences_per_s"], default=None)
+
+
+def task_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per task and server in the task cells (``results["tasks"]``, see
+    ``infergate.bench.task_cells``): infergate first, then the task's peers. ``share`` is
+    the cell's sequences/s over the task's ceiling's fastest row; a server that failed or
+    could not run has its error and no figures."""
+    tasks = results.get("tasks") or {}
+    rows = []
+    for task, record in (tasks.get("cases") or {}).items():
+        best = task_ceiling_best(record)
+        ceiling_sps = best["sequences_per_s"] if best else None
+        for server, served in (record.get("served") or {}).items():
+            cell = served.get("cell")
+            sps = cell["sequences_per_s"] if cell else None
+            rows.append(
+                {
+                    "task": task,
+                    "model": record.get("model"),
+                    "weights": record.get("weights"),
+                    "random_weights": bool(record.get("random_weights")),
+                    "precision": served.get("precision") or record.get("precision"),
+                    "server": server,
+                    "setting": served.get("setting"),
+                    "sequences_per_s": sps,
+                    "requests_per_s": cell["requests_per_s"] if cell else None,
+                    "p50_ms": cell["p50_ms"] if cell else None,
+                    "p99_ms": cell["p99_ms"] if cell else None,
+                    "errors": cell["errors"] if cell else None,
+                    "other_cpu_percent": cell.get("other_cpu_percent") if cell else None,
+                    "noisy": bool(cell.get("noisy")) if cell else False,
+                    "ceiling_sequences_per_s": ceiling_sps,
+                    "ceiling_batch": best["batch"] if best else None,
+                    "ceiling_layout": best.get("layout") if best else None,
+                    "share": sps / ceiling_sps if sps is not None and ceiling_sps else None,
+                    "error": served.get("error") or (record.get("ceiling") or {}).get("error"),
+                }
+            )
+    return rows

@@ -7,7 +7,9 @@ operators, one inter-op thread and sequential execution as in the platform's Tri
 (``infergate/triton/backend_model.py``). The largest batch is also measured with a
 session per core, one thread each, run side by side, and keeps the better of the two
 layouts. Inputs are tokenized beforehand: the figures are the model's alone;
-tokenization is timed apart and reported beside them.
+tokenization is timed apart and reported beside them. ``--task`` tokenizes as that task's
+front-end does (a text-ranking model's inputs are ``(query, text)`` pairs), so that the
+ceiling of every task cell (``infergate.bench.task_models``) is measured the same way.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from infergate.bench.procfs import (
     wait_for_quiet,
 )
 from infergate.bench.workload import PROBE_TEXTS, build_text_sets
-from infergate.tokenization import TextTokenizer
+from infergate.tasks import get as get_task
+from infergate.tokenization import Batch, TextTokenizer
 
 BATCH_SIZES = (1, 16, 32)
 WARMUP_RUNS = 3
@@ -103,6 +106,12 @@ def measure(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     spec = json.loads(Path(args.spec).read_text())
     tokenizer = TextTokenizer.from_dir(Path(args.tokenizer), int(spec["max_length"]))
+    task = get_task(args.task)
+    parameters = {"query": args.query} if args.query else {}
+
+    def encode(texts: list[str]) -> Batch:
+        return task.tokenize(tokenizer, texts, parameters)
+
     cores = os.cpu_count() or 1
     # Two layouts of the machine, the better one is the ceiling of the largest batch: one
     # session with a thread per core, or a session per core with one thread each (which
@@ -137,7 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             batches = []
             for start in range(0, len(pool), batch_size):
                 chosen = (pool * 2)[start : start + batch_size]
-                encoded = tokenizer(chosen)
+                encoded = encode(chosen)
                 batches.append(
                     {"input_ids": encoded.input_ids, "attention_mask": encoded.attention_mask}
                 )
@@ -154,19 +163,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         began = time.perf_counter()
         for start in range(0, len(pool), 32):
-            tokenizer(pool[start : start + 32])
+            encode(pool[start : start + 32])
         tokenize_us = (time.perf_counter() - began) / len(pool) * 1e6
         rows[-1]["tokenize_us_per_sequence"] = tokenize_us
-    probe = tokenizer(list(PROBE_TEXTS))
+    probe = encode(list(PROBE_TEXTS))
     (logits,) = session.run(
         [output], {"input_ids": probe.input_ids, "attention_mask": probe.attention_mask}
     )
     labels = spec.get("labels") or []
+    probe_labels = None  # only a classifier's argmax is a label
+    if task.name == "text-classification":
+        probe_labels = [labels[i] if labels else int(i) for i in logits.argmax(axis=-1)]
     return {
+        "task": task.name,
         "threads": args.threads,
         "mean_tokens": text_sets.mean_tokens,
         "rows": rows,
-        "probe_labels": [labels[i] if labels else int(i) for i in logits.argmax(axis=-1)],
+        "probe_labels": probe_labels,
         "memory": memory_by_component(snapshot([os.getpid()])),
     }
 
@@ -179,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", type=lambda s: [int(v) for v in s.split(",")], required=True)
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--task", default="text-classification", help="tokenize as this task")
+    parser.add_argument("--query", help="text-ranking: the query each text is paired with")
     parser.add_argument("--retries", type=int, default=0, help="re-measure noisy rows")
     parser.add_argument(
         "--quiet-wait",

@@ -46,9 +46,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"]
     if args.duration is not None:
         profile = replace(profile, duration_s=args.duration)
+    tasks, peers = task_selection(args)
+    # With --tasks and no --scenarios, only the task cells are measured.
+    scenarios = args.scenarios or (() if tasks else ALL_SCENARIOS)
     options = BenchOptions(
         profile=profile,
-        scenarios=tuple(args.scenarios or ALL_SCENARIOS),
+        scenarios=tuple(scenarios),
+        tasks=tasks,
+        peers=peers,
         cache_dir=args.cache_dir,
         refresh_model=args.refresh_model,
         timeout_s=args.timeout,
@@ -79,6 +84,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(files["markdown"].read_text())
     _say("wrote " + ", ".join(str(path) for path in files.values()))
     failed = [n for n, r in results["scenarios"].items() if r.get("error")]
+    failed += task_failures(results.get("tasks") or {})
     if (results.get("ceiling") or {}).get("error"):
         failed.append("ceiling")
     if failed:
@@ -89,9 +95,41 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# The short form of the task cells in --smoke: one task with real weights, no peers.
+SMOKE_TASKS = ("feature-extraction",)
+
+
+def task_selection(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The task cells and the embeddings cell's peers asked for: ``--tasks`` alone means
+    every task (with --smoke, ``SMOKE_TASKS``); the peers run with the embeddings cell
+    unless ``--peers`` names fewer (or none), and not in --smoke unless named."""
+    from infergate.bench.options import PEER_NAMES
+    from infergate.bench.task_models import TASK_NAMES
+
+    if args.tasks is None:
+        return (), ()
+    tasks = tuple(args.tasks) or (SMOKE_TASKS if args.smoke else TASK_NAMES)
+    default = () if args.smoke else PEER_NAMES
+    peers = tuple(args.peers) if args.peers is not None else default
+    return tasks, peers if "feature-extraction" in tasks else ()
+
+
+def task_failures(tasks: dict) -> list[str]:
+    """What failed in the task part: the stack, a task's cell or its ceiling (a peer that
+    cannot run here is reported, not counted: it is not the platform's failure)."""
+    failed = ["tasks: the stack"] if (tasks.get("stack") or {}).get("error") else []
+    for task, record in (tasks.get("cases") or {}).items():
+        if (record.get("served", {}).get("infergate") or {}).get("error"):
+            failed.append(f"tasks: {task}")
+        if (record.get("ceiling") or {}).get("error"):
+            failed.append(f"tasks: {task} ceiling")
+    return failed
+
+
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` to the ``infergate`` command's subparsers."""
-    from infergate.bench.options import ALL_SCENARIOS, Variant
+    from infergate.bench.options import ALL_SCENARIOS, PEER_NAMES, Variant
+    from infergate.bench.task_models import TASK_NAMES
 
     def variant(text: str) -> Variant:
         try:
@@ -113,6 +151,23 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         help="a tiny grid, for CI: a few minutes, most of it starting things",
     )
     bench.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
+    bench.add_argument(
+        "--tasks",
+        nargs="*",
+        choices=TASK_NAMES,
+        metavar="TASK",
+        help="also measure a cell per task, infergate against the task's ceiling (all "
+        f"tasks when none is named; with --smoke, {' '.join(SMOKE_TASKS)}); without "
+        f"--scenarios, only these. Tasks: {', '.join(TASK_NAMES)}",
+    )
+    bench.add_argument(
+        "--peers",
+        nargs="*",
+        choices=PEER_NAMES,
+        metavar="PEER",
+        help="peers measured in the feature-extraction cell (default: all of them, none "
+        f"with --smoke; none when the flag names none). Peers: {', '.join(PEER_NAMES)}",
+    )
     bench.add_argument("--scenarios", nargs="+", choices=ALL_SCENARIOS, help="default: all of them")
     bench.add_argument("--cache-dir", type=Path, help="where the prepared model is kept")
     bench.add_argument(

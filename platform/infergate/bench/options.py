@@ -13,6 +13,8 @@ from infergate.bench.workload import Profile
 ALL_SCENARIOS = (
     "ceiling", "infergate", "lean", "inprocess", "floor", "ensemble", "naive", "naive-int8",
 )  # fmt: skip
+# The peers of the embeddings task cell (infergate.bench.peers).
+PEER_NAMES = ("fastembed", "infinity")
 Say = Callable[[str], None]
 
 
@@ -49,3 +51,5 @@ class BenchOptions:
     quiet_wait_s: float = 0.0  # per cell, how long to wait for other load to calm down
     noisy_retries: int = 2  # measurements disturbed by other load are repeated this often
     variants: tuple[Variant, ...] = ()
+    tasks: tuple[str, ...] = ()  # the task cells to measure (infergate.bench.task_cells)
+    peers: tuple[str, ...] = ()  # peers measured in the feature-extraction task cell

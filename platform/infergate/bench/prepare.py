@@ -73,7 +73,7 @@ def sha256(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def _locked(cache_dir: Path) -> Iterator[None]:
+def locked(cache_dir: Path) -> Iterator[None]:
     cache_dir.mkdir(parents=True, exist_ok=True)
     with (cache_dir / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -110,7 +110,7 @@ def prepare_model(
 ) -> PreparedModel:
     """The cached model, built first if missing (or if ``refresh``)."""
     cache_dir = Path(cache_dir).resolve()
-    with _locked(cache_dir):
+    with locked(cache_dir):
         prepared = None if refresh else _load(cache_dir)
         if prepared is not None:
             return prepared
@@ -143,51 +143,67 @@ def _build_hf_folder(out_dir: Path) -> None:
         "build_sentiment_model(minilm_dir(), SENTIMENT_DATA, Path(sys.argv[1]), progress=False)"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    _run([sys.executable, "-c", code, str(out_dir)], env, "training the sentiment model")
+    run_step([sys.executable, "-c", code, str(out_dir)], env, "training the sentiment model")
 
 
-def _register_and_download(cache_dir: Path, say: Callable[[str], None]) -> str:
+@contextlib.contextmanager
+def mlflow_on(store_dir: Path, logs_dir: Path) -> Iterator[str]:
+    """An MLflow server on ``store_dir`` for as long as the block runs; yields its URI."""
     from infergate import mlflow_server
     from infergate.config import MlflowSettings
     from infergate.processes import free_ports, http_ok, spawn, wait_until
-    from infergate.registry import Registry
-    from infergate.versions import CHAMPION
 
     [port] = free_ports(1)
-    settings = MlflowSettings(store_dir=cache_dir / "store", port=port)
+    settings = MlflowSettings(store_dir=store_dir, port=port)
     uri = settings.uri
     command = mlflow_server.server_command(settings)
     env = mlflow_server.server_environment(settings, os.environ)
-    mlflow = spawn("mlflow", command, cache_dir / "logs", env)
+    mlflow = spawn("mlflow", command, logs_dir, env)
     try:
         wait_until(mlflow, lambda: http_ok(f"{uri}/health"), MLFLOW_START_TIMEOUT_S, "MLflow")
-        say("registering it with `infergate register` ...")
-        register = [
-            str(Path(sys.executable).with_name("infergate")),
-            "register",
-            str(cache_dir / "sentiment-hf"),
-            "--name",
-            MODEL_NAME,
-            "--task",
-            TASK,
-            "--alias",
-            CHAMPION,
-            "--tracking-uri",
-            uri,
-            "--quiet",
-        ]
-        _run(register, {**os.environ, "HF_HUB_OFFLINE": "1"}, "infergate register")
-        registry = Registry(uri)
-        version = registry.model(MODEL_NAME).aliases[CHAMPION]
-        source = registry.version_source(MODEL_NAME, version)
-        for relative in SERVED_FILES:
-            registry.download(source, relative, cache_dir / "served")
-        return str(version)
+        yield uri
     finally:
         mlflow.stop()
 
 
-def _run(command: list[str], env: dict[str, str], what: str) -> None:
+def register_and_download(uri: str, hf_dir: Path, name: str, task: str, served_dir: Path) -> str:
+    """``infergate register`` ``hf_dir`` as ``name`` (alias champion) at ``uri``, then
+    download the served files of the new version to ``served_dir``; returns the version."""
+    from infergate.registry import Registry
+    from infergate.versions import CHAMPION
+
+    register = [
+        str(Path(sys.executable).with_name("infergate")),
+        "register",
+        str(hf_dir),
+        "--name",
+        name,
+        "--task",
+        task,
+        "--alias",
+        CHAMPION,
+        "--tracking-uri",
+        uri,
+        "--quiet",
+    ]
+    run_step(register, {**os.environ, "HF_HUB_OFFLINE": "1"}, f"infergate register ({name})")
+    registry = Registry(uri)
+    version = registry.model(name).aliases[CHAMPION]
+    source = registry.version_source(name, version)
+    for relative in SERVED_FILES:
+        registry.download(source, relative, served_dir)
+    return str(version)
+
+
+def _register_and_download(cache_dir: Path, say: Callable[[str], None]) -> str:
+    with mlflow_on(cache_dir / "store", cache_dir / "logs") as uri:
+        say("registering it with `infergate register` ...")
+        return register_and_download(
+            uri, cache_dir / "sentiment-hf", MODEL_NAME, TASK, cache_dir / "served"
+        )
+
+
+def run_step(command: list[str], env: dict[str, str], what: str) -> None:
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=REGISTER_TIMEOUT_S, check=False
     )

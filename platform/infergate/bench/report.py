@@ -23,6 +23,7 @@ from infergate.bench.analysis import (
     cpu_budget,
     latency_budget,
     ordered_scenarios,
+    task_rows,
     triton_hop,
 )
 from infergate.bench.plots import write_plots
@@ -98,6 +99,16 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             "Overrides: " + ", ".join(f"`{k}={v}`" for k, v in meta["env_overrides"].items()),
         ]
+    if results.get("scenarios") or results.get("ceiling"):
+        out += _scenario_sections(results)
+    out += _task_section(results)
+    return "\n".join(out) + "\n"
+
+
+def _scenario_sections(results: dict[str, Any]) -> list[str]:
+    """Targets, the ceiling, every scenario's cells and the figures derived from them."""
+    meta = results.get("meta", {})
+    out: list[str] = []
     out += ["", "## Targets", ""]
     out += _table(
         ["target", "cell", "measured", "required", "result"],
@@ -252,7 +263,63 @@ def markdown(results: dict[str, Any]) -> str:
                 for h in hop
             ),
         )
-    return "\n".join(out) + "\n"
+    return out
+
+
+def _task_section(results: dict[str, Any]) -> list[str]:
+    """The task cells (``task_rows``): a row per task and server, with its share of the
+    task's own ceiling; nothing when the run had none."""
+    tasks = results.get("tasks")
+    if not tasks:
+        return []
+    cell = tasks.get("cell", {})
+    out = ["", "## Tasks", ""]
+    out += _table(
+        ["task", "model", "served by", "seq/s", "req/s", "p50 ms", "p99 ms", "errors",
+         "other CPU %", "ceiling seq/s (batch, layout)", "share of ceiling"],
+        (
+            [r["task"], f"{r['model']} ({r['precision'] or '?'})",
+             r["server"] + (f" ({r['setting']})" if r["setting"] else ""),
+             _num(r["sequences_per_s"]), _num(r["requests_per_s"]), _num(r["p50_ms"], 2),
+             _num(r["p99_ms"], 2), "-" if r["errors"] is None else str(r["errors"]),
+             _other(r),
+             f"{_num(r['ceiling_sequences_per_s'])} ({r['ceiling_batch']}, "
+             f"{r['ceiling_layout']})" if r["ceiling_sequences_per_s"] else "-",
+             _num(r["share"], 2) if r["error"] is None else f"failed: {r['error']}"]
+            for r in task_rows(results)
+        ),
+    )  # fmt: skip
+    models = {}
+    for task, record in (tasks.get("cases") or {}).items():
+        models[task] = f"- {task}: {record.get('model')}, {record.get('weights')}"
+        for name, served in (record.get("served") or {}).items():
+            if name != "infergate" and served.get("error") and not served.get("cell"):
+                models[task] += f"; {name} could not run: {served['error']}"
+            elif served.get("cosine_to_infergate") is not None:
+                models[task] += (
+                    f"; {name}'s vectors against infergate's, same texts: least cosine "
+                    f"{served['cosine_to_infergate']:.4f}"
+                )
+            for tried in served.get("settings", []):
+                if tried.get("error") and served.get("cell"):
+                    first = tried["error"].splitlines()[0]
+                    models[task] += f"; {name} ({tried['setting']}) failed: {first}"
+    out += [
+        "",
+        f"Concurrency {cell.get('concurrency', '?')}, {cell.get('texts', '?')} texts of about "
+        f"{cell.get('tokens', '?')} tokens per request, every task's model served by one stack. "
+        "The ceiling: ONNX Runtime in one process on the file the stack serves, inputs "
+        "tokenized beforehand as the task's front-end does, its fastest batch and layout; "
+        "measured before and after the cells, each row keeping the faster run. A peer is "
+        "tried in each setting listed in the JSON and its fastest kept; it runs its own "
+        "model file (fastembed and infinity's optimum engine an fp32 ONNX export, "
+        "infinity's torch engine the Hugging Face folder), so its share compares it with "
+        "what infergate serves, not with the file it runs. Models (random weights cost "
+        "the same to run as trained ones of the same shape):",
+        "",
+        *models.values(),
+    ]
+    return out
 
 
 def _batching(row: dict[str, Any]) -> str:
@@ -313,9 +380,11 @@ def write_report(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         "triton_hop": triton_hop(results),
         "cpu_budget": cpu_budget(results),
         "latency_budget": latency_budget(results),
+        "task_rows": task_rows(results),
     }
     files = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
     files["json"].write_text(json.dumps(document, indent=2, default=str) + "\n")
     files["markdown"].write_text(markdown(results))
-    files.update(write_plots(results, out_dir))
+    if results.get("scenarios"):  # the plots draw the scenarios' cells
+        files.update(write_plots(results, out_dir))
     return files

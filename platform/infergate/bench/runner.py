@@ -40,9 +40,10 @@ from infergate.bench.measure import (
     run_ceiling,
 )
 from infergate.bench.options import ALL_SCENARIOS, BenchOptions, Say
-from infergate.bench.prepare import prepare_model
+from infergate.bench.prepare import DEFAULT_CACHE_DIR, prepare_model
 from infergate.bench.scenarios import Scenario
 from infergate.bench.stack_scenarios import InfergateStack, LeanStack
+from infergate.bench.task_cells import run_tasks
 from infergate.bench.workload import PROBE_TEXTS, Profile, TextSets, build_text_sets
 from infergate.config import PROJECT_ROOT, load_config
 
@@ -257,6 +258,11 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
             scenario = InfergateStack(prepared, workdir, variant.env, label=variant.label)
             record = run_scenario(scenario, texts, profile, reference_labels, options, say)
             results["scenarios"][scenario.name] = {**record, "env": variant.env}
+        if options.tasks:
+            results["tasks"] = run_tasks(
+                prepared, options.tasks, options.peers, options, Path(tmp) / "tasks", say,
+                options.cache_dir or DEFAULT_CACHE_DIR,
+            )  # fmt: skip
     ceiling = results["ceiling"] or {}
     if ceiling.get("rows"):
         say("[ceiling] measured again at the end; each row keeps the faster run")

