@@ -220,3 +220,23 @@ def test_servers_vectors_are_compared_by_their_least_cosine():
     assert ours == [[1.0, 0.0], [0.0, 2.0]] and theirs == [[2.0, 0.0], [1.0, 1.0]]
     assert least_cosine(ours, theirs) == pytest.approx(math.sqrt(0.5))
     assert embeddings_of(b'{"outputs": [{"label": "positive", "score": 0.9}]}') is None
+
+
+def test_the_bench_stack_moves_every_port_of_the_stack():
+    # A port left at its default collides with a stack already running on the machine.
+    from pydantic import BaseModel
+
+    from infergate.bench.stack_scenarios import STACK_PORTS
+    from infergate.config import StackConfig
+
+    ports = set()
+    for section, field in StackConfig.model_fields.items():
+        settings = field.default
+        if isinstance(settings, BaseModel):
+            ports |= {
+                f"{section.upper()}__{name.upper()}"
+                for name in type(settings).model_fields
+                if name.endswith("port")
+            }
+    assert "SERVE__FALLBACK_PROXY_PORT" in ports
+    assert set(STACK_PORTS) == ports
