@@ -70,7 +70,9 @@ class TaskStack(InfergateStack):
             served[task] = file.exists() and sha256(file) == model.model_sha256
         # The ceiling of each task runs the very file Triton serves.
         self.info["served_model_is_prepared_file"] = served
+        # The sentiment model's checks of the parent class: it serves no sentiment model.
         self.info.pop("served_onnx", None)
+        self.info.pop("served_onnx_is_prepared_file", None)
 
     def triton_alone(self, texts: Any, profile: Profile) -> list[dict[str, Any]]:
         return []
