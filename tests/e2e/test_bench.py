@@ -191,7 +191,7 @@ def test_a_task_cell_runs_against_its_ceiling(tmp_path: Path):
     assert results["scenarios"] == {} and results["ceiling"] is None  # the tasks alone
     tasks = results["tasks"]
     assert "error" not in tasks["stack"], tasks["stack"].get("log_tail")
-    assert tasks["stack"]["served_onnx_is_prepared_file"] == {"feature-extraction": True}
+    assert tasks["stack"]["served_model_is_prepared_file"] == {"feature-extraction": True}
     assert tasks["stack"]["left_after_down"] == []
     record = tasks["cases"]["feature-extraction"]
     assert record["model"] == "embed" and not record["random_weights"]

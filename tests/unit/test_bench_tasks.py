@@ -78,8 +78,9 @@ def test_every_served_task_has_one_case_with_its_own_model():
     assert set(TASK_NAMES) == set(TASKS)  # a new task gets a cell, or this fails
     assert len({case.model for case in TASK_CASES}) == len(TASK_CASES)
     assert task_case("text-ranking").route == "rerank"
-    with pytest.raises(ValueError, match="no task cell for 'translation'"):
-        task_case("translation")
+    assert task_case("translation").model == "translate"
+    with pytest.raises(ValueError, match="no task cell for 'summarization'"):
+        task_case("summarization")
 
 
 def test_requests_are_the_task_routes_shapes():
@@ -90,6 +91,7 @@ def test_requests_are_the_task_routes_shapes():
     assert embed.path == "/v1/models/embed/predict"
     assert orjson.loads(embed.body(["a"])) == {"inputs": ["a"]}
     assert embed.answers(b'{"outputs": [[0.1], [0.2], [0.3]]}') == 3
+    assert embed.served_file == "model.onnx" and embed.parameters is None
     openai = PeerRoute("/embeddings", openai=True)
     assert orjson.loads(openai.body(["a"])) == {"model": "embed", "input": ["a"]}
     assert openai.answers(b'{"data": [{"embedding": []}]}') == 1
@@ -101,7 +103,35 @@ def test_only_cases_without_real_weights_are_random_and_say_so():
     assert {c.task for c in TASK_CASES if c.random_weights} == {
         "text-ranking",
         "token-classification",
+        "translation",
     }
+
+
+def test_translation_requests_ask_every_text_for_the_same_number_of_tokens():
+    case = task_case("translation")
+    assert case.path == "/v1/models/translate/predict"
+    assert case.ceiling_module == "infergate.bench.ct2_ceiling"
+    assert case.served_file == "ctranslate2/model.bin"  # what Triton serves, not an ONNX file
+    body = orjson.loads(case.body(["a", "b"]))
+    assert body == {"inputs": ["a", "b"], "parameters": {"max_decoding_length": 32}}
+    # The front-end accepts what the case sends.
+    from infergate.tasks import get as get_task
+
+    get_task("translation").check_parameters(body["parameters"], case.model)
+    answer = b'{"outputs": [{"translation_text": "x"}, {"translation_text": "y"}]}'
+    assert case.answers(answer) == 2
+
+
+def test_the_translation_ceiling_decodes_as_triton_caps_the_requests():
+    from infergate.bench.ct2_ceiling import decoding_of
+
+    assert decoding_of({"max_decoding_length": 32}, {"max_decoding_length": 511}) == {
+        "beam_size": 1,
+        "max_decoding_length": 32,
+    }
+    capped = decoding_of({"max_decoding_length": 100, "beam_size": 2}, {"max_decoding_length": 63})
+    assert capped == {"beam_size": 2, "max_decoding_length": 63}
+    assert decoding_of({}, {})["max_decoding_length"] == 128  # the task's default
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -121,8 +151,9 @@ def test_tasks_alone_means_all_of_them_with_the_peers_and_smoke_a_short_form():
     picked = parse("--tasks", "feature-extraction", "--peers", "fastembed")
     assert task_selection(picked) == (("feature-extraction",), ("fastembed",))
     assert task_selection(parse("--tasks", "--peers")) == (TASK_NAMES, ())
+    assert task_selection(parse("--tasks", "translation")) == (("translation",), ())
     with pytest.raises(SystemExit):
-        parse("--tasks", "translation")
+        parse("--tasks", "summarization")
 
 
 def test_failures_count_the_platform_and_ceilings_not_a_peer_that_cannot_run():
@@ -189,3 +220,23 @@ def test_servers_vectors_are_compared_by_their_least_cosine():
     assert ours == [[1.0, 0.0], [0.0, 2.0]] and theirs == [[2.0, 0.0], [1.0, 1.0]]
     assert least_cosine(ours, theirs) == pytest.approx(math.sqrt(0.5))
     assert embeddings_of(b'{"outputs": [{"label": "positive", "score": 0.9}]}') is None
+
+
+def test_the_bench_stack_moves_every_port_of_the_stack():
+    # A port left at its default collides with a stack already running on the machine.
+    from pydantic import BaseModel
+
+    from infergate.bench.stack_scenarios import STACK_PORTS
+    from infergate.config import StackConfig
+
+    ports = set()
+    for section, field in StackConfig.model_fields.items():
+        settings = field.default
+        if isinstance(settings, BaseModel):
+            ports |= {
+                f"{section.upper()}__{name.upper()}"
+                for name in type(settings).model_fields
+                if name.endswith("port")
+            }
+    assert "SERVE__FALLBACK_PROXY_PORT" in ports
+    assert set(STACK_PORTS) == ports

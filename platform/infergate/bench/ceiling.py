@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--onnx", required=True)
+    parser.add_argument("--onnx", "--model", dest="onnx", required=True, help="the ONNX file")
     parser.add_argument("--tokenizer", required=True, help="folder holding tokenizer.json")
     parser.add_argument("--spec", required=True, help="the version's infergate.json")
     parser.add_argument("--lengths", type=lambda s: [int(v) for v in s.split(",")], required=True)

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,9 +166,16 @@ def mlflow_on(store_dir: Path, logs_dir: Path) -> Iterator[str]:
         mlflow.stop()
 
 
-def register_and_download(uri: str, hf_dir: Path, name: str, task: str, served_dir: Path) -> str:
+def register_and_download(
+    uri: str,
+    hf_dir: Path,
+    name: str,
+    task: str,
+    served_dir: Path,
+    files: Sequence[str] = SERVED_FILES,
+) -> str:
     """``infergate register`` ``hf_dir`` as ``name`` (alias champion) at ``uri``, then
-    download the served files of the new version to ``served_dir``; returns the version."""
+    download ``files`` of the new version to ``served_dir``; returns the version."""
     from infergate.registry import Registry
     from infergate.versions import CHAMPION
 
@@ -190,7 +197,7 @@ def register_and_download(uri: str, hf_dir: Path, name: str, task: str, served_d
     registry = Registry(uri)
     version = registry.model(name).aliases[CHAMPION]
     source = registry.version_source(name, version)
-    for relative in SERVED_FILES:
+    for relative in files:
         registry.download(source, relative, served_dir)
     return str(version)
 

