@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from infergate.bench.task_models import train_metaspace_bpe
+
 WORDS = [
     "the",
     "a",
@@ -167,25 +169,10 @@ def tiny_marian(folder: Path, *, seed: int = 0, init_std: float = 0.3) -> Path:
     different texts get different translations."""
     import torch
     import transformers
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    from tokenizers import processors
 
     folder.mkdir(parents=True, exist_ok=True)
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.normalizer = normalizers.NFKC()
-    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
-    bpe.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(
-        vocab_size=120, special_tokens=["</s>", "<unk>"], show_progress=False
-    )
-    bpe.train_from_iterator(SENTENCES * 3, trainer)
+    bpe = train_metaspace_bpe(SENTENCES * 3, 120, ["</s>", "<unk>"])
     bpe.add_special_tokens(["<pad>"])
     bpe.post_processor = processors.TemplateProcessing(
         single="$A </s>", special_tokens=[("</s>", 0)]
@@ -222,25 +209,10 @@ def tiny_t5(folder: Path, *, seed: int = 0, initializer_factor: float = 3.0) -> 
     activations, which int8 rounds badly: the parity gate's case."""
     import torch
     import transformers
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    from tokenizers import processors
 
     folder.mkdir(parents=True, exist_ok=True)
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.normalizer = normalizers.NFKC()
-    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
-    bpe.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(
-        vocab_size=120, special_tokens=["<pad>", "</s>", "<unk>"], show_progress=False
-    )
-    bpe.train_from_iterator(SENTENCES * 3, trainer)
+    bpe = train_metaspace_bpe(SENTENCES * 3, 120, ["<pad>", "</s>", "<unk>"])
     bpe.post_processor = processors.TemplateProcessing(
         single="$A </s>", special_tokens=[("</s>", 1)]
     )
@@ -271,25 +243,10 @@ def tiny_bart(folder: Path, *, seed: int = 0) -> Path:
     starts the decoder, as BART's config says) to ``folder``."""
     import torch
     import transformers
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    from tokenizers import processors
 
     folder.mkdir(parents=True, exist_ok=True)
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.normalizer = normalizers.NFKC()
-    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
-    bpe.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(
-        vocab_size=120, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], show_progress=False
-    )
-    bpe.train_from_iterator(SENTENCES * 3, trainer)
+    bpe = train_metaspace_bpe(SENTENCES * 3, 120, ["<s>", "<pad>", "</s>", "<unk>"])
     bpe.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
     )

@@ -31,7 +31,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -192,6 +192,25 @@ def random_marian(sources: Sources, scratch: Path) -> Path:
     return folder
 
 
+def train_metaspace_bpe(
+    sentences: Iterable[str], vocab_size: int, special_tokens: list[str]
+) -> Any:
+    """A BPE ``tokenizers.Tokenizer`` trained on ``sentences``, SentencePiece-style (NFKC,
+    ``▁`` marking a word's start, decoded back to spaces), its ``special_tokens`` first
+    in that order; the caller adds the post-processor its model's layout wants."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.normalizer = normalizers.NFKC()
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
+    bpe.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False
+    )
+    bpe.train_from_iterator(sentences, trainer)
+    return bpe
+
+
 def build_random_marian(
     folder: Path, *, seed: int = MARIAN_SEED, init_std: float = MARIAN_INIT_STD
 ) -> None:
@@ -202,26 +221,11 @@ def build_random_marian(
     torch."""
     import torch
     import transformers
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    from tokenizers import processors
 
     from infergate.bench.workload import read_source_sentences
 
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.normalizer = normalizers.NFKC()
-    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
-    bpe.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(
-        vocab_size=MARIAN_VOCABULARY, special_tokens=["</s>", "<unk>"], show_progress=False
-    )
-    bpe.train_from_iterator(read_source_sentences(), trainer)
+    bpe = train_metaspace_bpe(read_source_sentences(), MARIAN_VOCABULARY, ["</s>", "<unk>"])
     bpe.add_special_tokens(["<pad>"])
     bpe.post_processor = processors.TemplateProcessing(
         single="$A </s>", special_tokens=[("</s>", 0)]
