@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,21 +67,34 @@ def measure(
     for session in sessions:
         for feeds in batches[:WARMUP_RUNS]:
             session.run([output], feeds)
-    runs: list[list[float]] = [[] for _ in sessions]
-    done_rows = [0] * len(sessions)
+
+    def call(driver: int, run: int) -> int:
+        feeds = batches[run % len(batches)]
+        sessions[driver].run([output], feeds)
+        return len(feeds["input_ids"])
+
+    return drive_threads(len(sessions), call, duration_s)
+
+
+def drive_threads(
+    drivers: int, call: Callable[[int, int], int], duration_s: float, min_runs: int = MIN_RUNS
+) -> dict[str, float]:
+    """``call(driver, run)`` over and over from ``drivers`` threads for ``duration_s`` (at
+    least ``min_runs`` runs each), each call returning the rows it did: throughput,
+    latency percentiles, CPU per row and the other load on the box meanwhile."""
+    runs: list[list[float]] = [[] for _ in range(drivers)]
+    done_rows = [0] * drivers
     deadline = time.perf_counter() + duration_s
 
     def drive(index: int) -> None:
         latencies = runs[index]
-        while len(latencies) < MIN_RUNS or time.perf_counter() < deadline:
-            feeds = batches[len(latencies) % len(batches)]
+        while len(latencies) < min_runs or time.perf_counter() < deadline:
             began = time.perf_counter()
-            sessions[index].run([output], feeds)
+            done_rows[index] += call(index, len(latencies))
             latencies.append((time.perf_counter() - began) * 1e3)
-            done_rows[index] += len(feeds["input_ids"])
 
     cpu, busy, began_all = time.process_time(), system_busy_s(), time.perf_counter()
-    threads = [threading.Thread(target=drive, args=(i,)) for i in range(1, len(sessions))]
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(1, drivers)]
     for thread in threads:
         thread.start()
     drive(0)

@@ -24,18 +24,16 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from infergate.bench.loadgen import percentile
+from infergate.bench.ceiling import drive_threads
 from infergate.bench.procfs import (
     keep_quietest,
     memory_by_component,
     snapshot,
-    system_busy_s,
     wait_for_quiet,
 )
 from infergate.bench.workload import PROBE_TEXTS, build_text_sets
@@ -100,43 +98,19 @@ def measure(
     driver), ``drivers`` Python threads calling the translator at once."""
     for tokens in batches[:WARMUP_RUNS]:
         translator.translate_batch(tokens, **decoding)
-    runs: list[list[float]] = [[] for _ in range(drivers)]
-    done_rows = [0] * drivers
-    generated = [0] * drivers
-    deadline = time.perf_counter() + duration_s
+    generated = [0] * drivers  # output tokens, per driver
+    translated = [0] * drivers  # texts, per driver
 
-    def drive(index: int) -> None:
-        latencies = runs[index]
-        while len(latencies) < MIN_RUNS or time.perf_counter() < deadline:
-            tokens = batches[(len(latencies) * drivers + index) % len(batches)]
-            began = time.perf_counter()
-            results = translator.translate_batch(tokens, **decoding)
-            latencies.append((time.perf_counter() - began) * 1e3)
-            done_rows[index] += len(tokens)
-            generated[index] += sum(len(result.hypotheses[0]) for result in results)
+    def call(driver: int, run: int) -> int:
+        tokens = batches[(run * drivers + driver) % len(batches)]
+        results = translator.translate_batch(tokens, **decoding)
+        generated[driver] += sum(len(result.hypotheses[0]) for result in results)
+        translated[driver] += len(tokens)
+        return len(tokens)
 
-    cpu, busy, began_all = time.process_time(), system_busy_s(), time.perf_counter()
-    threads = [threading.Thread(target=drive, args=(i,)) for i in range(1, drivers)]
-    for thread in threads:
-        thread.start()
-    drive(0)
-    for thread in threads:
-        thread.join()
-    wall_s = time.perf_counter() - began_all
-    ordered = sorted(latency for latencies in runs for latency in latencies)
-    own_cpu_s = time.process_time() - cpu
-    other = (system_busy_s() - busy) - own_cpu_s
-    rows = sum(done_rows)
-    return {
-        "cpu_ms_per_sequence": 1e3 * own_cpu_s / rows,
-        "other_cpu_percent": round(100 * max(other, 0.0) / wall_s, 1),
-        "runs": len(ordered),
-        "sequences_per_s": rows / wall_s,
-        "output_tokens_mean": sum(generated) / rows,
-        "p50_ms": percentile(ordered, 50),
-        "p95_ms": percentile(ordered, 95),
-        "p99_ms": percentile(ordered, 99),
-    }
+    figures: dict[str, Any] = drive_threads(drivers, call, duration_s, MIN_RUNS)
+    figures["output_tokens_mean"] = sum(generated) / sum(translated)
+    return figures
 
 
 def decoding_of(parameters: dict[str, Any], spec: dict[str, Any]) -> dict[str, int]:
