@@ -265,15 +265,9 @@ def build(
                 wrapper, final, encode, output_name, served_precision, texts, progress
             )
         with step("save"):
-            tokenizer.model_max_length = max_length
-            with transformers_quiet(not progress):
-                tokenizer.save_pretrained(work / "tokenizer")
-            if not (work / "tokenizer" / "tokenizer.json").is_file():
-                raise RegistrationError(f"the tokenizer of {model_dir} saved no tokenizer.json")
-            out_dir.mkdir(parents=True, exist_ok=True)
-            tokenizer_dir, onnx_path = out_dir / "tokenizer", out_dir / "model.onnx"
-            shutil.copytree(work / "tokenizer", tokenizer_dir, dirs_exist_ok=True)
-            shutil.copyfile(final, onnx_path)
+            tokenizer_dir, onnx_path = save_served(
+                tokenizer, max_length, final, work, out_dir, model_dir, progress
+            )
 
     times = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in timings.items())
     log.info("built %s (%s, %s): %s; %s", model_dir, task, precision, parity.summary(), times)
@@ -306,6 +300,29 @@ def encoder(tokenizer: Any, max_length: int) -> Callable[[Sequence[Sample]], dic
         return {name: np.asarray(enc[name], dtype=np.int64) for name in INPUT_NAMES}
 
     return encode
+
+
+def save_served(
+    tokenizer: Any,
+    max_length: int,
+    onnx_file: Path,
+    work: Path,
+    out_dir: Path,
+    source: Path,
+    progress: bool,
+) -> tuple[Path, Path]:
+    """Put the served files in ``out_dir``: the tokenizer (its max length set, saved as
+    ``tokenizer.json``, which the front-end loads) and ``model.onnx``; their paths."""
+    tokenizer.model_max_length = max_length
+    with transformers_quiet(not progress):
+        tokenizer.save_pretrained(work / "tokenizer")
+    if not (work / "tokenizer" / "tokenizer.json").is_file():
+        raise RegistrationError(f"the tokenizer of {source} saved no tokenizer.json")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer_dir, onnx_path = out_dir / "tokenizer", out_dir / "model.onnx"
+    shutil.copytree(work / "tokenizer", tokenizer_dir, dirs_exist_ok=True)
+    shutil.copyfile(onnx_file, onnx_path)
+    return tokenizer_dir, onnx_path
 
 
 def _output_dim(wrapper: ExportWrapper, example: dict[str, np.ndarray], labels: list[str]) -> int:

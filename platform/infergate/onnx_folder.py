@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import shutil
 import sys
 import tempfile
 import time
@@ -61,6 +60,7 @@ from infergate.onnx_export import (
     Sample,
     default_samples,
     encoder,
+    save_served,
 )
 from infergate.parity import Runner, batched_outputs, check_parity, onnx_runner
 from infergate.quality import Budget
@@ -291,15 +291,9 @@ def build(
                     f"ONNX parity check failed ({served_precision}): {parity.summary()}"
                 )
         with step("save"):
-            tokenizer.model_max_length = tokens
-            with transformers_quiet(not progress):
-                tokenizer.save_pretrained(work / "tokenizer")
-            if not (work / "tokenizer" / "tokenizer.json").is_file():
-                raise RegistrationError(f"the tokenizer of {folder} saved no tokenizer.json")
-            out_dir.mkdir(parents=True, exist_ok=True)
-            tokenizer_dir, served_path = out_dir / "tokenizer", out_dir / "model.onnx"
-            shutil.copytree(work / "tokenizer", tokenizer_dir, dirs_exist_ok=True)
-            shutil.copyfile(final, served_path)
+            tokenizer_dir, served_path = save_served(
+                tokenizer, tokens, final, work, out_dir, folder, progress
+            )
 
     times = ", ".join(f"{label} {seconds:.1f} s" for label, seconds in timings.items())
     log.info("built %s (%s, %s): %s; %s", onnx_path, task, precision, parity.summary(), times)
