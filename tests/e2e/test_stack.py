@@ -280,7 +280,7 @@ def test_a_model_keeps_its_task_and_an_alias_needs_a_name(stack, tmp_path):
 
 
 def test_unknown_task_is_refused(stack):
-    result = stack.cli("register", ".", "--name", "x", "--task", "translation")
+    result = stack.cli("register", ".", "--name", "x", "--task", "summarization")
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 

@@ -13,7 +13,7 @@ from conftest import Stack, clone_version, predict
 from infergate.dashboards.generate import render_all
 from infergate.dashboards.promql import expand
 from infergate.registry import Registry
-from tiny_models import tiny_bert
+from tiny_models import tiny_bert, tiny_marian
 
 pytestmark = pytest.mark.e2e
 # (task, model name, labels, request parameters) of a tiny model for each output panel
@@ -23,6 +23,8 @@ OTHER_TASKS = [
     ("sparse-embedding", "monitored-splade", ("sad", "happy"), {}),
     ("token-classification", "monitored-ner", ("O", "B-PER", "I-PER", "B-LOC"), {}),
 ]
+# (model name, request parameters) of the tiny translation model.
+TRANSLATION = ("monitored-translate", {"max_decoding_length": 8})
 
 
 def panel_queries() -> list[tuple[str, str, str]]:
@@ -43,6 +45,13 @@ def test_every_panel_query_returns_data(stack: Stack, http: httpx.Client, tmp_pa
             "--alias", "champion", "--quiet", "--tracking-uri", stack.mlflow,
         )  # fmt: skip
         assert registered.returncode == 0, registered.stderr[-2000:]
+    # The translation panels (output tokens, decoding time per token) need a seq2seq model.
+    registered = stack.cli(
+        "register", str(tiny_marian(tmp_path / "marian")), "--name", TRANSLATION[0],
+        "--task", "translation", "--precision", "fp32", "--alias", "champion", "--quiet",
+        "--tracking-uri", stack.mlflow,
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stderr[-2000:]
     # The rollout panels need a canary: sentiment gets one, at half the traffic.
     canary = clone_version(Registry(stack.mlflow), "sentiment", "1", tmp_path)
     started = stack.cli("canary", "start", "sentiment", "--version", canary, "--weight", "50",
@@ -66,8 +75,10 @@ def check_every_panel(stack: Stack, http: httpx.Client) -> None:
         # Fresh samples for every rate() window, and past the drift windows' 50 texts.
         for model in ("sentiment", "embed"):
             predict(http, model, ["I love this film", "This is terrible"] * 16)
+        predict(http, "sentiment", "good " * 3000)  # cut at the max length: the truncation panel
         for _, name, _, parameters in OTHER_TASKS:  # 503 until the new champion is served
             predict(http, name, ["a good film", "bad food"] * 16, parameters=parameters)
+        predict(http, TRANSLATION[0], ["a good film", "bad food"] * 16, parameters=TRANSLATION[1])
         empty = []
         for board, title, expr in queries:
             body = httpx.get(url, params={"query": expand(expr, rate_interval="1m")}).json()
