@@ -21,24 +21,21 @@ the README).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import shutil
-import sys
 import tempfile
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from infergate.chrf import chrf, exact_match_rate
 from infergate.errors import RegistrationError
 from infergate.hf_folder import first_line, load_tokenizer, transformers_quiet
+from infergate.steps import Steps
 from infergate.tasks.translation import DEFAULT_MAX_DECODING_LENGTH, MAX_DECODING_LENGTH
 from infergate.tokenization import TextTokenizer
 
@@ -252,21 +249,11 @@ def build(
         )
     if not texts:
         raise RegistrationError("the parity check needs at least one reference text")
-    steps = ("load", "convert", "parity", "save")
-    bar = tqdm(total=len(steps), unit="step", file=sys.stderr, disable=not progress)
-    timings: dict[str, float] = {}
+    steps = Steps(model_dir.name, ("load", "convert", "parity", "save"), progress)
 
-    @contextlib.contextmanager
-    def step(name: str) -> Iterator[None]:
-        bar.set_description(f"{model_dir.name}: {name}")
-        start = time.perf_counter()
-        yield
-        timings[name] = time.perf_counter() - start
-        bar.update()
-
-    with bar, tempfile.TemporaryDirectory(prefix="infergate-ct2-") as tmp:
+    with steps, tempfile.TemporaryDirectory(prefix="infergate-ct2-") as tmp:
         work = Path(tmp)
-        with step("load"), transformers_quiet(not progress):
+        with steps("load"), transformers_quiet(not progress):
             if not model_dir.is_dir():
                 raise RegistrationError(f"model folder {model_dir} does not exist")
             model_type, config, hf_tokenizer, model = load_seq2seq(model_dir)
@@ -277,7 +264,7 @@ def build(
             hf_tokenizer.save_pretrained(work / "tokenizer")
             if not (work / "tokenizer" / "tokenizer.json").is_file():
                 raise RegistrationError(f"the tokenizer of {model_dir} saved no tokenizer.json")
-        with step("convert"), transformers_quiet(not progress):
+        with steps("convert"), transformers_quiet(not progress):
             try:
                 source = converter_source(model_dir, model_type, work)
                 TransformersConverter(str(source)).convert(
@@ -288,7 +275,7 @@ def build(
                     f"CTranslate2 could not convert {model_dir}: {first_line(exc)}"
                 ) from None
             check_vocabulary(work / CT2_DIR, hf_tokenizer)
-        with step("parity"), transformers_quiet(not progress):
+        with steps("parity"), transformers_quiet(not progress):
             served_tokenizer = TextTokenizer.from_dir(work / "tokenizer", max_length)
             compute_type = CPU_COMPUTE_TYPES[precision]
             translator = ctranslate2.Translator(
@@ -317,11 +304,11 @@ def build(
                     f"chrF {parity.chrf:.4g} < {parity.min_chrf:.4g} (exact match "
                     f"{parity.exact_match:.3g}); try --precision fp32"
                 )
-        with step("save"):
+        with steps("save"):
             out_dir.mkdir(parents=True, exist_ok=True)
             shutil.copytree(work / "tokenizer", out_dir / "tokenizer", dirs_exist_ok=True)
             shutil.copytree(work / CT2_DIR, out_dir / CT2_DIR, dirs_exist_ok=True)
-    times = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in timings.items())
+    times = steps.summary()
     log.info("converted %s (%s): %s; %s", model_dir, precision, parity.check, times)
     size = sum(p.stat().st_size for p in (out_dir / CT2_DIR).iterdir())
     return TranslationBuild(

@@ -25,15 +25,12 @@ Why it is done this way:
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import shutil
-import sys
 import tempfile
-import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +38,6 @@ from typing import Any
 import numpy as np
 import torch
 from onnxruntime.transformers.optimizer import optimize_model
-from tqdm import tqdm
 
 from infergate import quantise, tasks
 from infergate.errors import RegistrationError
@@ -64,6 +60,7 @@ from infergate.parity import (
     verify_onnx,
 )
 from infergate.quality import Budget, QualityReport
+from infergate.steps import Steps
 
 __all__ = ["OUTPUT_NAMES", "SUPPORTED_ARCHITECTURES", "BuildResult", "ParityReport", "build"]
 
@@ -206,21 +203,12 @@ def build(
     if not measured:
         raise RegistrationError("quality_texts is empty; the quality check needs at least one")
     budget = Budget.default(output_name) if budget is None else budget
-    steps = ("load", "export", "optimise", precision, "parity", "save")
-    bar = tqdm(total=len(steps), unit="step", file=sys.stderr, disable=not progress)
-    timings: dict[str, float] = {}
+    names = ("load", "export", "optimise", precision, "parity", "save")
+    steps = Steps(model_dir.name, names, progress)
 
-    @contextlib.contextmanager
-    def step(name: str) -> Iterator[None]:
-        bar.set_description(f"{model_dir.name}: {name}")
-        start = time.perf_counter()
-        yield
-        timings[name] = time.perf_counter() - start
-        bar.update()
-
-    with bar, tempfile.TemporaryDirectory(prefix="infergate-onnx-") as tmp:
+    with steps, tempfile.TemporaryDirectory(prefix="infergate-onnx-") as tmp:
         work = Path(tmp)
-        with step("load"), transformers_quiet(not progress):
+        with steps("load"), transformers_quiet(not progress):
             model_type, config = load_config(model_dir)
             tokenizer = load_tokenizer(model_dir, int(config.vocab_size))
             pairs = task == "text-ranking"
@@ -231,7 +219,7 @@ def build(
 
         encode = encoder(tokenizer, max_length)
 
-        with step("export"):
+        with steps("export"):
             example_texts: list[Sample] = list(_EXPORT_EXAMPLE)
             if pairs:
                 example_texts = [(_EXPORT_QUERY, text) for text in _EXPORT_EXAMPLE]
@@ -243,9 +231,9 @@ def build(
                     f"or 2 (not relevant, relevant); this one has {output_dim}"
                 )
             _export(wrapper, example, work / "exported.onnx", output_name, served.per_token)
-        with step("optimise"):
+        with steps("optimise"):
             optimised = _optimise(work, config, model_type)
-        with step(precision):
+        with steps(precision):
             original = batched_outputs(torch_runner(wrapper), encode, measured)
             final, quality = quantise.choose(
                 precision,
@@ -255,21 +243,21 @@ def build(
                 original=original,
                 output_name=output_name,
                 budget=budget,
-                on_attempt=lambda setting: bar.set_description(f"{model_dir.name}: {setting}"),
+                on_attempt=steps.describe,
                 n_texts=len(measured),
             )
             log.info("quality %s", quality.summary())
         served_precision = quantise.precision_of(quality.setting)
-        with step("parity"):
+        with steps("parity"):
             parity = verify_onnx(
                 wrapper, final, encode, output_name, served_precision, texts, progress
             )
-        with step("save"):
+        with steps("save"):
             tokenizer_dir, onnx_path = save_served(
                 tokenizer, max_length, final, work, out_dir, model_dir, progress
             )
 
-    times = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in timings.items())
+    times = steps.summary()
     log.info("built %s (%s, %s): %s; %s", model_dir, task, precision, parity.summary(), times)
     return BuildResult(
         onnx_path=onnx_path,

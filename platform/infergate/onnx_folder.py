@@ -26,13 +26,11 @@ model the file was made from (a graph quantised before it came has lost what it 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sys
 import tempfile
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -40,7 +38,6 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
-from tqdm import tqdm
 
 from infergate import graph_contract, quantise, tasks
 from infergate.errors import RegistrationError
@@ -64,6 +61,7 @@ from infergate.onnx_export import (
 )
 from infergate.parity import Runner, batched_outputs, check_parity, onnx_runner
 from infergate.quality import Budget
+from infergate.steps import Steps
 
 log = logging.getLogger(__name__)
 
@@ -200,22 +198,12 @@ def build(
     if not measured:
         raise RegistrationError("quality_texts is empty; the quality check needs at least one")
     budget = Budget.default(output_name) if budget is None else budget
-    steps = ("load", "check", "optimise", precision, "parity", "save")
-    bar = tqdm(total=len(steps), unit="step", file=sys.stderr, disable=not progress)
-    timings: dict[str, float] = {}
-    name = onnx_path.name
+    names = ("load", "check", "optimise", precision, "parity", "save")
+    steps = Steps(onnx_path.name, names, progress)
 
-    @contextlib.contextmanager
-    def step(label: str) -> Iterator[None]:
-        bar.set_description(f"{name}: {label}")
-        start = time.perf_counter()
-        yield
-        timings[label] = time.perf_counter() - start
-        bar.update()
-
-    with bar, tempfile.TemporaryDirectory(prefix="infergate-onnx-") as tmp:
+    with steps, tempfile.TemporaryDirectory(prefix="infergate-onnx-") as tmp:
         work = Path(tmp)
-        with step("load"), transformers_quiet(not progress):
+        with steps("load"), transformers_quiet(not progress):
             config = read_config(folder)
             model_type = str(getattr(config, "model_type", None) or UNKNOWN_MODEL_TYPE)
             vocab_size = int(getattr(config, "vocab_size", None) or sys.maxsize)
@@ -236,7 +224,7 @@ def build(
                     f"cannot read {onnx_path} as ONNX: {first_line(exc)}"
                 ) from None
         encode = encoder(tokenizer, tokens)
-        with step("check"):
+        with steps("check"):
             fitted = graph_contract.fit(original, task, served.head, served.per_token)
             sep_id = _segment_sep(tokenizer, task, fitted)
             adapted = graph_contract.adapt(original, fitted, output_name, sep_id)
@@ -257,9 +245,9 @@ def build(
                     f"cannot be served at {precision}: register the float graph, or use "
                     "--precision int8 to serve it with its own quantisation"
                 )
-        with step("optimise"):
+        with steps("optimise"):
             optimised = _optimise(work, config, model_type)
-        with step(precision):
+        with steps(precision):
             original_outputs = batched_outputs(reference, encode, measured)
             final, quality = quantise.choose(
                 precision,
@@ -269,13 +257,13 @@ def build(
                 original=original_outputs,
                 output_name=output_name,
                 budget=budget,
-                on_attempt=lambda setting: bar.set_description(f"{name}: {setting}"),
+                on_attempt=steps.describe,
                 n_texts=len(measured),
                 settings=(quantise.AS_GIVEN,) if quantised else None,
             )
             log.info("quality %s", quality.summary())
         served_precision = quantise.precision_of(quality.setting)
-        with step("parity"):
+        with steps("parity"):
             try:
                 parity = check_parity(
                     reference, onnx_runner(final), encode, output_name=output_name,
@@ -290,12 +278,12 @@ def build(
                 raise RegistrationError(
                     f"ONNX parity check failed ({served_precision}): {parity.summary()}"
                 )
-        with step("save"):
+        with steps("save"):
             tokenizer_dir, served_path = save_served(
                 tokenizer, tokens, final, work, out_dir, folder, progress
             )
 
-    times = ", ".join(f"{label} {seconds:.1f} s" for label, seconds in timings.items())
+    times = steps.summary()
     log.info("built %s (%s, %s): %s; %s", onnx_path, task, precision, parity.summary(), times)
     return BuildResult(
         onnx_path=served_path,
