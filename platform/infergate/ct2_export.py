@@ -34,7 +34,7 @@ import numpy as np
 
 from infergate.chrf import chrf, exact_match_rate
 from infergate.errors import RegistrationError
-from infergate.hf_folder import first_line, load_tokenizer, transformers_quiet
+from infergate.hf_folder import first_line, load_config, load_tokenizer, transformers_quiet
 from infergate.steps import Steps
 from infergate.tasks.translation import DEFAULT_MAX_DECODING_LENGTH, MAX_DECODING_LENGTH
 from infergate.tokenization import TextTokenizer
@@ -104,19 +104,9 @@ def load_seq2seq(model_dir: Path) -> tuple[str, Any, Any, Any]:
     import torch
     import transformers
 
-    config_file = model_dir / "config.json"
-    if not config_file.is_file():
-        raise RegistrationError(f"{model_dir} is not a Hugging Face model folder: no config.json")
-    try:
-        model_type = json.loads(config_file.read_text()).get("model_type")
-    except (ValueError, AttributeError, OSError) as exc:
-        raise RegistrationError(f"cannot read {config_file}: {first_line(exc)}") from None
-    if model_type not in SUPPORTED_ARCHITECTURES:
-        raise RegistrationError(
-            f"architecture {model_type!r} of {model_dir} is not a translation model infergate "
-            f"converts; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    config = transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    model_type, config = load_config(
+        model_dir, SUPPORTED_ARCHITECTURES, "a translation model infergate converts"
+    )
     tokenizer = load_tokenizer(model_dir, int(config.vocab_size))
     try:
         model = transformers.AutoModelForSeq2SeqLM.from_pretrained(

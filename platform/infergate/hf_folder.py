@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,13 @@ _TOKENIZER_FILES = (
 )
 
 
-def load_config(model_dir: Path) -> tuple[str, Any]:
-    """Return model_type and config if ``model_dir`` holds a supported Hugging Face model."""
+def load_config(
+    model_dir: Path,
+    supported: Collection[str] = tuple(SUPPORTED_ARCHITECTURES),
+    kind: str = "supported",
+) -> tuple[str, Any]:
+    """Return model_type and config if ``model_dir`` holds a Hugging Face model of one of
+    the ``supported`` architectures; ``kind`` says what the others are not."""
     if not model_dir.is_dir():
         raise RegistrationError(f"model folder {model_dir} does not exist or is not a folder")
     config_file = model_dir / "config.json"
@@ -53,10 +58,10 @@ def load_config(model_dir: Path) -> tuple[str, Any]:
         model_type = json.loads(config_file.read_text()).get("model_type")
     except (ValueError, AttributeError, OSError) as exc:
         raise RegistrationError(f"cannot read {config_file}: {first_line(exc)}") from None
-    if model_type not in SUPPORTED_ARCHITECTURES:
+    if model_type not in supported:
         raise RegistrationError(
-            f"architecture {model_type!r} of {model_dir} is not supported; supported: "
-            f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+            f"architecture {model_type!r} of {model_dir} is not {kind}; supported: "
+            f"{', '.join(sorted(supported))}"
         )
     try:
         config = transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True)
