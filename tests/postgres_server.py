@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from infergate.processes import free_ports
+from infergate.stack.processes import free_ports
 
 SUPERUSER = "postgres"
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from infergate.processes import free_ports
+from infergate.stack.processes import free_ports
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")

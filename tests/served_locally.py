@@ -9,15 +9,15 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
-from infergate import onnx_export
 from infergate.config import FrontendSettings
-from infergate.frontend import Frontend
-from infergate.intake import read_inputs, reference_queries, run_reference
-from infergate.monitor import Monitors
-from infergate.routing import ServedModel
-from infergate.runtime import ModelRuntime
-from infergate.telemetry import NullTelemetry
-from infergate.tokenization import TextTokenizer
+from infergate.observe.monitor import Monitors
+from infergate.observe.telemetry import NullTelemetry
+from infergate.protocols.frontend import Frontend
+from infergate.registration import onnx_export
+from infergate.registration.pipeline import read_inputs, reference_queries, run_reference
+from infergate.serving.routing import ServedModel
+from infergate.serving.runtime import ModelRuntime
+from infergate.serving.tokenization import TextTokenizer
 from infergate.versions import ServedVersion, Spec
 from onnx_backend import OnnxBackend
 

@@ -13,13 +13,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from infergate import keys_cli
-from infergate.access import read_keys
 from infergate.bench import cli as bench_cli
 from infergate.config import TASKS, StackConfig, load_config
 from infergate.control import cli as canary_cli
 from infergate.dashboards import cli as dashboards_cli
 from infergate.errors import InfergateError, StackError, exit_code
+from infergate.serving import keys_cli
+from infergate.serving.access import read_keys
 
 log = logging.getLogger("infergate")
 DETACH_TIMEOUT_S = 1800.0  # the first `up --demo` trains and registers the demo models
@@ -48,7 +48,7 @@ def _reachable(uri: str) -> bool:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from infergate.stack import Stack, read_state
+    from infergate.stack.supervisor import Stack, read_state
 
     config = _config(args)
     if read_state(config.state_dir):
@@ -125,7 +125,7 @@ def _print_endpoints(endpoints: dict[str, Any], *, detached: bool = False) -> No
 
 
 def _up_detached(args: argparse.Namespace, config: StackConfig) -> int:
-    from infergate.stack import read_state
+    from infergate.stack.supervisor import read_state
 
     log_dir = config.state_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -155,7 +155,7 @@ def _up_detached(args: argparse.Namespace, config: StackConfig) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from infergate.stack import stop_running
+    from infergate.stack.supervisor import stop_running
 
     config = _config(args)
     if stop_running(config.state_dir):
@@ -204,7 +204,7 @@ def _registry(args: argparse.Namespace):
 
 
 def cmd_register(args: argparse.Namespace) -> int:
-    from infergate.intake import describe, register_model
+    from infergate.registration.pipeline import describe, register_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     registered = register_model(
@@ -225,7 +225,7 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from infergate.demo import register_demo_models
+    from infergate.registration.demo import register_demo_models
 
     for line in register_demo_models(_registry(args), progress=not args.quiet):
         print(line)

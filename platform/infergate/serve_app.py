@@ -1,7 +1,7 @@
 """The Ray Serve deployment hosting the front-end.
 
 Replicas scale with Ray Serve autoscaling, apart from Triton. Each hosts one
-``infergate.replica.Replica`` and keeps it in step with the control plane through the
+``infergate.serving.replica.Replica`` and keeps it in step with the control plane through the
 ``ControlState`` actor (``infergate.control.state``): it pulls new traffic tables twice a
 second and, apart from that (applying a table can take a while: tokenizers download),
 reports the table it runs and its counters once a second.
@@ -20,10 +20,10 @@ from starlette.responses import Response
 
 from infergate.config import FrontendSettings, ServeSettings
 from infergate.control.state import control_state
-from infergate.replica import Replica
-from infergate.replica_logs import log_to_replica_file
-from infergate.telemetry import RayTelemetry
-from infergate.tokenization import tokenize_serially
+from infergate.observe.telemetry import RayTelemetry
+from infergate.serving.replica import Replica
+from infergate.serving.replica_logs import log_to_replica_file
+from infergate.serving.tokenization import tokenize_serially
 from infergate.triton.client import TritonBackend
 
 log = logging.getLogger(__name__)

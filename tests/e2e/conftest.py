@@ -24,8 +24,8 @@ import pytest
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from infergate.config import TritonSettings
-from infergate.processes import free_ports
 from infergate.registry import Registry
+from infergate.stack.processes import free_ports
 from infergate.triton.client import TritonControl
 from infergate.triton.server import prepare_backends, server_command, server_environment
 

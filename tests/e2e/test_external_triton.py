@@ -23,9 +23,9 @@ import pytest
 import tritonclient.http as triton_http
 from conftest import Load, Stack, clone_version, running_stack, stack_env, stop_process, wait_for
 
-from infergate.postprocess import softmax
 from infergate.registry import Registry
-from infergate.tokenization import TextTokenizer
+from infergate.serving.postprocess import softmax
+from infergate.serving.tokenization import TextTokenizer
 from network_hosts import Host, network_host, unavailable
 from tiny_models import tiny_bert
 

@@ -26,7 +26,7 @@ import httpx
 import pytest
 from conftest import Load, Stack, running_stack, stack_env, wait_for
 
-from infergate.processes import descendants
+from infergate.stack.processes import descendants
 from tiny_models import tiny_bert
 
 pytestmark = pytest.mark.e2e

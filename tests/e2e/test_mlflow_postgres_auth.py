@@ -126,7 +126,7 @@ def test_the_helm_charts_mlflow_command_runs_its_auth_app_on_postgres(
     import helm_python
 
     from infergate.config import PROJECT_ROOT
-    from infergate.processes import free_ports, http_ok, spawn, wait_until
+    from infergate.stack.processes import free_ports, http_ok, spawn, wait_until
 
     values = {"postgresql": {"enabled": False},
               "mlflow": {"backendStore": {"existingSecret": "db", "uriKey": "uri"}}}  # fmt: skip

@@ -22,9 +22,9 @@ import transformers
 from conftest import Stack, running_stack, stack_env, wait_for
 from mlflow import MlflowClient
 
-from infergate.demo import rampart_dir
+from infergate.registration.demo import rampart_dir
+from infergate.serving.tokenization import TextTokenizer
 from infergate.tasks import get
-from infergate.tokenization import TextTokenizer
 from readme_blocks import Block, bash_commands, output_mismatch, readme_blocks
 from tiny_models import onnx_only, tiny_bert
 

@@ -23,9 +23,9 @@ import pytest
 import yaml
 from conftest import Load, Stack, running_stack, stack_env, stop_process, wait_for
 
-from infergate import mlflow_server
 from infergate.config import MlflowSettings
-from infergate.processes import descendants, free_ports, reap
+from infergate.stack import mlflow_server
+from infergate.stack.processes import descendants, free_ports, reap
 from network_hosts import Host, network_host, unavailable
 from tiny_models import tiny_bert
 

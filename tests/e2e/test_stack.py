@@ -323,7 +323,7 @@ def stack_processes(stack) -> tuple[int, dict[str, list[int]]]:
 
 def test_serving_processes_are_not_deprioritised(stack):
     """Ray would start its workers 15 steps nicer than itself, behind Triton's model
-    threads on the same cores; the stack asks for no step (infergate.ray_start.WORKER_ENV)."""
+    threads on the same cores; the stack asks for no step (infergate.stack.ray_start.WORKER_ENV)."""
     root, pids = stack_processes(stack)
     niceness = {
         component: [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids.get(component, [])]
@@ -337,7 +337,7 @@ def test_serving_processes_are_not_deprioritised(stack):
 def test_serve_controller_runs_its_loop_at_the_stacks_interval(stack):
     """The Serve controller reads RAY_SERVE_CONTROL_LOOP_INTERVAL_S from its environment at
     import (ray.serve._private.constants): the stack's value must reach that process."""
-    from infergate.ray_start import WORKER_ENV
+    from infergate.stack.ray_start import WORKER_ENV
 
     controllers = stack_processes(stack)[1].get("serve controller", [])
     assert controllers, "no Serve controller process found"

@@ -30,7 +30,7 @@ from conftest import (
 from mlflow import MlflowClient
 
 from infergate.registry import Registry
-from infergate.tokenization import TextTokenizer
+from infergate.serving.tokenization import TextTokenizer
 from readme_blocks import readme_blocks
 from tiny_models import tiny_marian
 

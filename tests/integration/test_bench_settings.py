@@ -2,7 +2,7 @@
 setting measured for quality and throughput in one run, ratios to int8-dynamic."""
 
 from infergate.bench.settings import BASELINE, compare_settings, markdown
-from infergate.quantise import SETTINGS
+from infergate.registration.quantise import SETTINGS
 from tiny_models import tiny_bert
 
 

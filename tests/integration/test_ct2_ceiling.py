@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from infergate import ct2_export
 from infergate.bench import ct2_ceiling
 from infergate.bench.measure import merge_ceiling_runs
-from infergate.intake import DEFAULT_REFERENCE_TEXTS, read_texts
+from infergate.registration import ct2_export
+from infergate.registration.pipeline import DEFAULT_REFERENCE_TEXTS, read_texts
 from tiny_models import tiny_marian
 
 

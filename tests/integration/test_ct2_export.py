@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from infergate import ct2_export
 from infergate.errors import RegistrationError
-from infergate.intake import DEFAULT_REFERENCE_TEXTS, read_texts
+from infergate.registration import ct2_export
+from infergate.registration.pipeline import DEFAULT_REFERENCE_TEXTS, read_texts
 from tiny_models import tiny_bart, tiny_bert, tiny_marian, tiny_t5
 
 TEXTS = read_texts(DEFAULT_REFERENCE_TEXTS)[:32]

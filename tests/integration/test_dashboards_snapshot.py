@@ -17,12 +17,12 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from infergate import metrics as m
 from infergate.dashboards import cli
 from infergate.dashboards.boards import KEY_PANELS
 from infergate.dashboards.builders import Panel, Query
 from infergate.dashboards.snapshot import snapshot
 from infergate.errors import DashboardError
+from infergate.observe import metrics as m
 from prometheus_server import needs_prometheus, query, running_prometheus, wait_for
 
 pytestmark = needs_prometheus

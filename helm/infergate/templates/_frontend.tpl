@@ -49,7 +49,7 @@ applications:
 Environment of every Ray container.
 */}}
 {{- define "infergate.rayEnv" -}}
-# Replicas tokenize a batch on the calling thread (infergate.tokenization).
+# Replicas tokenize a batch on the calling thread (infergate.serving.tokenization).
 - name: TOKENIZERS_PARALLELISM
   value: "false"
 {{- include "infergate.mlflowClientEnv" . | nindent 0 }}

@@ -22,7 +22,7 @@ from infergate.bench.loadgen import HttpTarget
 from infergate.bench.prepare import MODEL_NAME
 from infergate.bench.scenarios import HOST, START_TIMEOUT_S, Scenario, reap_session
 from infergate.config import load_config
-from infergate.processes import Child, free_ports, http_ok, spawn, wait_until
+from infergate.stack.processes import Child, free_ports, http_ok, spawn, wait_until
 
 # naive_server's environment variables (that module loads torch when imported).
 NAIVE_MODEL_ENV = "BENCH_NAIVE_MODEL_DIR"

@@ -35,8 +35,8 @@ from infergate.bench.procfs import (
     wait_for_quiet,
 )
 from infergate.bench.workload import PROBE_TEXTS, build_text_sets
+from infergate.serving.tokenization import Batch, TextTokenizer
 from infergate.tasks import get as get_task
-from infergate.tokenization import Batch, TextTokenizer
 
 BATCH_SIZES = (1, 16, 32)
 WARMUP_RUNS = 3

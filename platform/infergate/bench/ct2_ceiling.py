@@ -6,7 +6,7 @@ Run as ``python -m infergate.bench.ct2_ceiling`` by the task cells
 JSON document it prints in the same shape (a row per text length and batch size, each the
 best of its layouts). ``--model`` is the served ``ctranslate2/model.bin``: the
 ``Translator`` loads its folder at the compute type a CPU serves the registered precision
-with (``infergate.ct2_export.CPU_COMPUTE_TYPES``), as Triton's model does
+with (``infergate.registration.ct2_export.CPU_COMPUTE_TYPES``), as Triton's model does
 (``infergate.triton.translator_model``). Inputs are tokenized and mapped to the model's
 token strings beforehand; every batch is decoded greedily (unless ``--parameters`` says
 otherwise) to the same ``max_decoding_length`` as the requests of the cell, so that both
@@ -37,9 +37,9 @@ from infergate.bench.procfs import (
     wait_for_quiet,
 )
 from infergate.bench.workload import PROBE_TEXTS, build_text_sets
-from infergate.ct2_export import CPU_COMPUTE_TYPES
+from infergate.registration.ct2_export import CPU_COMPUTE_TYPES
+from infergate.serving.tokenization import TextTokenizer
 from infergate.tasks.translation import DEFAULT_BEAM_SIZE, DEFAULT_MAX_DECODING_LENGTH
-from infergate.tokenization import TextTokenizer
 
 BATCH_SIZES = (1, 16, 32)
 WARMUP_RUNS = 2

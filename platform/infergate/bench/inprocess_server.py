@@ -2,11 +2,11 @@
 
 Prices the Triton hop. Everything but the backend is the platform's own: HAProxy ingress,
 a Ray Serve deployment with the platform's replica options and autoscaling, and
-:class:`infergate.frontend.Frontend` with its parsing, limits, tokenizer, post-processing,
+:class:`infergate.protocols.frontend.Frontend` with its parsing, limits, tokenizer, post-processing,
 Ray metrics and drift monitors. The backend, :class:`OrtBackend`, replaces the gRPC call to
 Triton with ONNX Runtime in the replica; concurrent requests are coalesced into one batch
 (up to ``triton.max_batch_size`` rows, one batch at a time, full ones queued ahead) by the
-platform's own :class:`~infergate.batching.BatchingBackend`.
+platform's own :class:`~infergate.serving.batching.BatchingBackend`.
 
 Not included: the replica's report of canary counters to the stats actor (once a second).
 
@@ -38,15 +38,15 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
-from infergate.batching import BatchingBackend
 from infergate.config import FrontendSettings, ServeSettings, TritonSettings, load_config
 from infergate.errors import InfergateError
-from infergate.frontend import Frontend
-from infergate.monitor import Monitors
-from infergate.routing import ServedModel
-from infergate.runtime import ModelRuntime
+from infergate.observe.monitor import Monitors
+from infergate.protocols.frontend import Frontend
 from infergate.serve_app import replica_options
-from infergate.tokenization import TextTokenizer, tokenize_serially
+from infergate.serving.batching import BatchingBackend
+from infergate.serving.routing import ServedModel
+from infergate.serving.runtime import ModelRuntime
+from infergate.serving.tokenization import TextTokenizer, tokenize_serially
 from infergate.versions import ServedVersion, Spec
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class OrtBackend:
     """The front-end's ``Backend`` protocol on ONNX Runtime in this process: each call is
     one ``session.run`` in a worker thread (ONNX Runtime releases the GIL, so the event
     loop keeps parsing and tokenizing meanwhile). The replica wraps it in the same
-    :class:`~infergate.batching.BatchingBackend` that coalesces its Triton calls.
+    :class:`~infergate.serving.batching.BatchingBackend` that coalesces its Triton calls.
     """
 
     def __init__(self, onnx_path: Path, *, threads: int) -> None:
@@ -87,7 +87,7 @@ class InprocessFrontend:
     """The platform's front-end over :class:`OrtBackend`; one instance per replica."""
 
     async def __init__(self, model: dict[str, Any], triton: dict, frontend: dict) -> None:
-        from infergate.telemetry import RayTelemetry
+        from infergate.observe.telemetry import RayTelemetry
 
         tokenize_serially()  # as the platform's replicas do
         t = TritonSettings.model_validate(triton)
@@ -156,7 +156,7 @@ def build_app(model: dict[str, Any], serve_settings: ServeSettings, triton: Trit
 def main(argv: list[str] | None = None) -> int:
     import ray
 
-    from infergate.ray_start import start_ray
+    from infergate.stack.ray_start import start_ray
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--served-dir", type=Path, required=True, help="model.onnx, tokenizer/")

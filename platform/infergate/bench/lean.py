@@ -25,11 +25,11 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
-from infergate.batching import BatchingBackend
 from infergate.config import FrontendSettings, load_config
-from infergate.postprocess import softmax
 from infergate.serve_app import replica_options
-from infergate.tokenization import TextTokenizer, tokenize_serially
+from infergate.serving.batching import BatchingBackend
+from infergate.serving.postprocess import softmax
+from infergate.serving.tokenization import TextTokenizer, tokenize_serially
 from infergate.triton.client import TritonBackend
 
 APP_NAME = "lean"

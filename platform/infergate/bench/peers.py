@@ -41,7 +41,7 @@ from infergate.bench.prepare import run_step
 from infergate.bench.scenarios import HOST, START_TIMEOUT_S
 from infergate.bench.task_models import TaskModel
 from infergate.config import PROJECT_ROOT
-from infergate.processes import free_ports, http_ok, spawn, wait_until
+from infergate.stack.processes import free_ports, http_ok, spawn, wait_until
 
 INFINITY_ENV_DIR = PROJECT_ROOT / ".venv-infinity"
 SERVED_NAME = "embed"
@@ -194,7 +194,7 @@ def _infinity_version() -> str:
 
 def make_peer(name: str, model: TaskModel, workdir: Path) -> list[Peer]:
     """The settings ``name`` is tried with; FileNotFoundError when it is not installed."""
-    from infergate.demo import minilm_dir
+    from infergate.registration.demo import minilm_dir
 
     cores = os.cpu_count() or 1
     onnx_dir = export_plain_onnx(minilm_dir(), model.served_dir.parent.parent / PLAIN_ONNX_DIR)

@@ -4,8 +4,8 @@ All scenarios serve the demo ``sentiment`` model (all-MiniLM-L6-v2 with a traine
 classification head), so that every comparison is between the same weights:
 
 - ``sentiment-hf/``: the Hugging Face folder that ``infergate up --demo`` builds
-  (:func:`infergate.demo_models.build_sentiment_model`, seed 0); the naive baseline runs it
-  in PyTorch fp32.
+  (:func:`infergate.registration.demo_models.build_sentiment_model`, seed 0); the naive
+  baseline runs it in PyTorch fp32.
 - ``store/``: an MLflow store in which that folder was registered by ``infergate register``
   (default precision, alias ``champion``); the infergate scenario starts its stack on a copy.
 - ``served/``: ``model.onnx``, ``tokenizer/`` and ``infergate.json`` of that version,
@@ -138,8 +138,8 @@ def _build_hf_folder(out_dir: Path) -> None:
     # whose CPU time is measured as the load generator's.
     code = (
         "import sys; from pathlib import Path; "
-        "from infergate.demo import SENTIMENT_DATA, minilm_dir; "
-        "from infergate.demo_models import build_sentiment_model; "
+        "from infergate.registration.demo import SENTIMENT_DATA, minilm_dir; "
+        "from infergate.registration.demo_models import build_sentiment_model; "
         "build_sentiment_model(minilm_dir(), SENTIMENT_DATA, Path(sys.argv[1]), progress=False)"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -149,9 +149,9 @@ def _build_hf_folder(out_dir: Path) -> None:
 @contextlib.contextmanager
 def mlflow_on(store_dir: Path, logs_dir: Path) -> Iterator[str]:
     """An MLflow server on ``store_dir`` for as long as the block runs; yields its URI."""
-    from infergate import mlflow_server
     from infergate.config import MlflowSettings
-    from infergate.processes import free_ports, http_ok, spawn, wait_until
+    from infergate.stack import mlflow_server
+    from infergate.stack.processes import free_ports, http_ok, spawn, wait_until
 
     [port] = free_ports(1)
     settings = MlflowSettings(store_dir=store_dir, port=port)

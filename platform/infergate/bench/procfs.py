@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infergate.processes import alive, descendants, live_pids, stat_fields
+from infergate.stack.processes import alive, descendants, live_pids, stat_fields
 
 PROC = Path("/proc")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

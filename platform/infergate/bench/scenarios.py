@@ -23,7 +23,7 @@ from infergate.bench import procfs
 from infergate.bench.loadgen import HttpTarget
 from infergate.bench.prepare import PreparedModel
 from infergate.bench.workload import Profile, TextSets
-from infergate.processes import reap
+from infergate.stack.processes import reap
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 600.0  # the whole stack: MLflow, Triton, Ray Serve, Prometheus

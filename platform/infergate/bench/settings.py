@@ -1,8 +1,8 @@
-"""What each precision setting of ``infergate.quantise`` keeps and costs, side by side.
+"""What each precision setting of ``infergate.registration.quantise`` keeps and costs, side by side.
 
 ``python -m infergate.bench.settings FOLDER --task feature-extraction`` builds the folder at
 fp32 once, converts that graph to every int8 setting, and for each measures the quality
-figures registration uses (``infergate.quality``, against the fp32 graph, which equals
+figures registration uses (``infergate.registration.quality``, against the fp32 graph, which equals
 PyTorch within parity's 1e-3) on the reference texts, and its throughput: batches of 32
 reference texts, pre-tokenized, on one ONNX Runtime session with one thread, the
 settings taking turns for ``--rounds`` rounds so that a slow phase of the machine falls on
@@ -26,10 +26,10 @@ import numpy as np
 
 from infergate.bench.ceiling import make_session
 from infergate.config import PROJECT_ROOT
-from infergate.intake import DEFAULT_REFERENCE_TEXTS, read_texts
-from infergate.quality import measure
-from infergate.quantise import SETTINGS, convert
-from infergate.tokenization import TextTokenizer
+from infergate.registration.pipeline import DEFAULT_REFERENCE_TEXTS, read_texts
+from infergate.registration.quality import measure
+from infergate.registration.quantise import SETTINGS, convert
+from infergate.serving.tokenization import TextTokenizer
 
 BATCH = 32
 BASELINE = "int8-dynamic"
@@ -39,7 +39,7 @@ def compare_settings(
     folder: Path, task: str, texts: list[str], *, rounds: int, round_s: float, work: Path
 ) -> dict[str, Any]:
     """Quality and throughput of each int8 setting (and fp32) of ``folder``'s graph."""
-    from infergate import onnx_export
+    from infergate.registration import onnx_export
 
     built = onnx_export.build(folder, task, "fp32", work / "fp32", progress=False)
     shutil.copyfile(built.onnx_path, work / "optimised.onnx")

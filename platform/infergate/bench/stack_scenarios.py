@@ -25,8 +25,8 @@ from infergate.bench.prepare import MODEL_NAME, PreparedModel, sha256
 from infergate.bench.scenarios import HOST, START_TIMEOUT_S, Scenario, reap_session
 from infergate.bench.workload import Profile, TextSets
 from infergate.errors import StackError
-from infergate.processes import free_ports, wait_until
-from infergate.tokenization import TextTokenizer
+from infergate.serving.tokenization import TextTokenizer
+from infergate.stack.processes import free_ports, wait_until
 from infergate.triton.client import TritonBackend
 from infergate.versions import triton_model_name
 

@@ -319,7 +319,7 @@ def prepare_tasks(
     say: Callable[[str], None] = print,
 ) -> PreparedTasks:
     """Every case of ``cases`` registered in the cached task store (those missing first)."""
-    from infergate.demo import minilm_dir
+    from infergate.registration.demo import minilm_dir
 
     root = Path(cache_dir).resolve() / TASKS_DIR
     with locked(root):

@@ -20,8 +20,8 @@ from typing import Literal
 
 import numpy as np
 
-from infergate.counters import VersionWindow
-from infergate.drift import psi
+from infergate.observe.counters import VersionWindow
+from infergate.observe.drift import psi
 
 Mode = Literal["auto", "manual"]
 Action = Literal["start", "wait", "advance", "promote", "rollback", "hold"]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from infergate.errors import BackendUnavailable, InfergateError, RegistrationError
 from infergate.registry import Registry
-from infergate.replica import load_version
+from infergate.serving.loader import load_version
 from infergate.triton.fleet import TritonFleet
 from infergate.triton.repository import model_files, translation_files
 from infergate.versions import (

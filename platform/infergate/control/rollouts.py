@@ -27,8 +27,8 @@ from infergate.control.policy import (
     start,
 )
 from infergate.control.windows import StepWindows
-from infergate.counters import VersionCounters
 from infergate.errors import InvalidInput, RolloutConflict
+from infergate.observe.counters import VersionCounters
 from infergate.registry import RegisteredModel, Registry
 from infergate.versions import CANARY, CHAMPION, ServedVersion
 

@@ -3,7 +3,7 @@
 ``ControlService`` holds the rollouts (``rollouts``), the reconcile against Triton
 (``reconcile``), the admin API with the MLflow webhook (``admin``), and the way traffic
 tables reach the front-end replicas (the ``ControlState`` actor). The supervisor
-(``infergate.stack``) starts it once Triton and Ray run, calls ``run_due`` from its
+(``infergate.stack.supervisor``) starts it once Triton and Ray run, calls ``run_due`` from its
 watch loop, and tells it when Triton came back empty.
 """
 
@@ -24,10 +24,10 @@ from infergate.control.reconcile import ControlPlane
 from infergate.control.rollouts import Rollouts
 from infergate.control.webhooks import register_webhook
 from infergate.control.windows import StepWindows
-from infergate.counters import VersionCounters, merge_reports
-from infergate.metrics import ROLLOUT_DECISIONS
-from infergate.processes import wait_until
+from infergate.observe.counters import VersionCounters, merge_reports
+from infergate.observe.metrics import ROLLOUT_DECISIONS
 from infergate.registry import Registry
+from infergate.stack.processes import wait_until
 from infergate.triton.fleet import TritonFleet
 from infergate.versions import CANARY, ServedVersion
 

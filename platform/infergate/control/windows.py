@@ -17,7 +17,7 @@ import json
 import logging
 from pathlib import Path
 
-from infergate.counters import VersionCounters, VersionWindow
+from infergate.observe.counters import VersionCounters, VersionWindow
 
 log = logging.getLogger(__name__)
 Step = tuple[str, str, float]  # model, canary version, when the step began

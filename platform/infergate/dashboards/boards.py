@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from infergate import metrics as m
 from infergate.dashboards.backend import backend
 from infergate.dashboards.builders import Dashboard, Panel, Query, Row, Threshold, Variable
 from infergate.dashboards.promql import (
@@ -23,6 +22,7 @@ from infergate.dashboards.promql import (
     selector,
     sum_by,
 )
+from infergate.observe import metrics as m
 
 MV = "model, version"
 MV_LEGEND = "{{model}} v{{version}}"

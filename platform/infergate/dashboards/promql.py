@@ -1,6 +1,6 @@
 """PromQL the dashboards are built from, and the metrics of other components they read.
 
-Our own names come from :mod:`infergate.metrics`; the helpers below only assemble
+Our own names come from :mod:`infergate.observe.metrics`; the helpers below only assemble
 expressions, so a renamed metric there renames it everywhere here.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from infergate import metrics as m
+from infergate.observe import metrics as m
 
 RATE = "$__rate_interval"  # Grafana: at least four scrape intervals, safe for rate()
 MODEL_VERSION = ('model=~"$model"', 'version=~"$version"')

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from infergate.errors import InvalidInput
-from infergate.metrics import Metric
+from infergate.observe.metrics import Metric
 
 if TYPE_CHECKING:
-    from infergate.tokenization import Batch, TextTokenizer
+    from infergate.serving.tokenization import Batch, TextTokenizer
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from infergate import metrics as m
-from infergate.postprocess import classification_outputs, softmax
-from infergate.reference import CONFIDENCE_EDGES
+from infergate.observe import metrics as m
+from infergate.observe.reference import CONFIDENCE_EDGES
+from infergate.serving.postprocess import classification_outputs, softmax
+from infergate.serving.tokenization import Batch
 from infergate.tasks import Figures, Task
-from infergate.tokenization import Batch
 
 
 class TextClassification(Task):

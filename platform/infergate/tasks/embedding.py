@@ -8,10 +8,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from infergate import metrics as m
-from infergate.postprocess import l2_normalize
+from infergate.observe import metrics as m
+from infergate.serving.postprocess import l2_normalize
+from infergate.serving.tokenization import Batch
 from infergate.tasks import Figures, Task
-from infergate.tokenization import Batch
 
 
 class FeatureExtraction(Task):

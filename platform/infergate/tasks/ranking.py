@@ -13,11 +13,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from infergate import metrics as m
 from infergate.errors import InvalidInput
-from infergate.postprocess import softmax
+from infergate.observe import metrics as m
+from infergate.serving.postprocess import softmax
+from infergate.serving.tokenization import Batch, TextTokenizer
 from infergate.tasks import Figures, Task
-from infergate.tokenization import Batch, TextTokenizer
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

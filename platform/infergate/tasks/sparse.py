@@ -15,10 +15,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from infergate import metrics as m
 from infergate.errors import InvalidInput
+from infergate.observe import metrics as m
+from infergate.serving.tokenization import Batch
 from infergate.tasks import Figures, Task
-from infergate.tokenization import Batch
 
 
 def sparse_terms(weights: np.ndarray, top_k: int | None = None) -> dict[str, list]:

@@ -30,11 +30,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from infergate import metrics as m
 from infergate.errors import InvalidInput
-from infergate.postprocess import softmax
+from infergate.observe import metrics as m
+from infergate.serving.postprocess import softmax
+from infergate.serving.tokenization import Batch, TextTokenizer
 from infergate.tasks import Figures, Task
-from infergate.tokenization import Batch, TextTokenizer
 
 STRATEGIES = ("none", "simple", "first", "max", "average")
 DEFAULT_STRATEGY = "simple"

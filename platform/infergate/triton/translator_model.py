@@ -16,7 +16,7 @@ batch are grouped by their decoding settings and each group is one ``translate_b
 call.
 
 CTranslate2 takes tokens as strings: ids are mapped through the converted model's
-vocabulary, which keeps the tokenizer's ids (``infergate.ct2_export`` checks that).
+vocabulary, which keeps the tokenizer's ids (``infergate.registration.ct2_export`` checks that).
 """
 
 from __future__ import annotations

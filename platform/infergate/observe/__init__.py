@@ -1,0 +1,1 @@
+"""What the platform records: metrics, per-version counters and statistics, drift."""

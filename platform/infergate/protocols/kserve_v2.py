@@ -1,0 +1,470 @@
+"""The Open Inference Protocol (KServe V2) over REST, with the binary tensor data
+extension that ``tritonclient.http`` uses by default.
+
+Pure: bodies in, bodies out; ``infergate.protocols.frontend`` routes ``/v2/...`` here and serves
+the inference through the same path as ``/v1/models/{name}/predict``. Every model takes
+one input and gives its task's outputs:
+
+- input ``text``, BYTES, shape [-1] (or [-1, 1]): one UTF-8 text a row;
+- text-classification: ``probabilities``, FP32 [-1, n_labels], the softmax, its columns
+  in the order of the output metadata's ``labels`` parameter; ``label``, BYTES [-1], the
+  most probable label of each row;
+- feature-extraction: ``embedding``, FP32 [-1, dim], unit length unless the request's
+  parameter ``normalize`` is false.
+
+The other tasks' answers (ranked texts, sparse vectors, entities) are no fixed-shape
+tensors of one text input; their models are refused here with a message naming their
+own endpoint.
+
+Protocol: https://github.com/kserve/open-inference-protocol/blob/main/specification/protocol/inference_rest.md
+Binary tensors: https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+from starlette.responses import Response
+
+from infergate import __version__
+from infergate.errors import InvalidInput, MalformedBody, UnsupportedMediaType
+from infergate.protocols.wire import (
+    Answer,
+    Limits,
+    Parse,
+    PredictRequest,
+    check_body_size,
+    check_content_type,
+    check_parameters,
+    check_text_count,
+    check_texts,
+    json_type,
+    load_json,
+)
+
+if TYPE_CHECKING:
+    from infergate.serving.runtime import ModelRuntime
+    from infergate.versions import Spec
+
+SERVER_NAME = "infergate"
+EXTENSIONS = ("binary_tensor_data",)
+# The front-end tokenizes and post-processes around an ONNX graph Triton runs: the
+# model's inputs and outputs are the pipeline's, not the graph's.
+PLATFORM = "infergate"
+INPUT = "text"
+OUTPUTS = {
+    "text-classification": ("probabilities", "label"),
+    "feature-extraction": ("embedding",),
+}
+HEADER_LENGTH = "Inference-Header-Content-Length"
+OCTET_STREAM = "application/octet-stream"
+# binary_data_output is the extension's; normalize is the predict endpoint's.
+PARAMETERS = {"binary_data_output": bool, "normalize": bool}
+REQUEST_KEYS = frozenset({"id", "inputs", "outputs", "parameters"})
+INPUT_KEYS = frozenset({"name", "shape", "datatype", "data", "parameters"})
+OUTPUT_KEYS = frozenset({"name", "parameters"})
+EXAMPLE = '{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}'
+_DIGITS = re.compile(r"[0-9]+")
+_LENGTH = struct.Struct("<I")  # a BYTES element's length: 4 bytes, little-endian
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    name: str
+    binary: bool  # in the binary part of the body, rather than as JSON "data"
+
+
+# -- metadata --------------------------------------------------------------------------
+
+
+def server_metadata() -> dict[str, Any]:
+    return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+
+
+def model_metadata(name: str, task: str, runtimes: Sequence[ModelRuntime]) -> dict[str, Any]:
+    """The metadata of a model served by ``runtimes`` (all its versions, or the one a
+    path names). Where versions disagree on a size (a canary with other labels), that
+    dimension is -1 and the labels are left out."""
+    described = [_output_metadata(task, runtime.spec) for runtime in runtimes]
+    outputs = described[0] if all(d == described[0] for d in described) else None
+    return {
+        "name": name,
+        "versions": [runtime.served.version for runtime in runtimes],
+        "platform": PLATFORM,
+        "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
+        "outputs": outputs if outputs is not None else _output_metadata(task, None),
+    }
+
+
+def _output_metadata(task: str, spec: Spec | None) -> list[dict[str, Any]]:
+    if task == "text-classification":
+        probabilities: dict[str, Any] = {"name": "probabilities", "datatype": "FP32"}
+        if spec is None:
+            probabilities["shape"] = [-1, -1]
+        else:
+            probabilities["shape"] = [-1, len(spec.labels)]
+            probabilities["parameters"] = {"labels": list(spec.labels)}
+        return [probabilities, {"name": "label", "datatype": "BYTES", "shape": [-1]}]
+    if task not in OUTPUTS:
+        return []  # infer refuses it (infer_parser): no outputs over this protocol
+    dim = -1 if spec is None else spec.output_dim
+    return [{"name": "embedding", "datatype": "FP32", "shape": [-1, dim]}]
+
+
+# -- requests --------------------------------------------------------------------------
+
+
+def check_infer_content_type(content_type: str | None) -> None:
+    """JSON (as on predict), or the binary extension's ``application/octet-stream``; none
+    is taken as either (``tritonclient.http`` sends none)."""
+    if content_type and content_type.partition(";")[0].strip().lower() == OCTET_STREAM:
+        return
+    try:
+        check_content_type(content_type)
+    except UnsupportedMediaType as error:
+        what = error.message.partition(";")[0]  # "content type 'text/plain' is not supported"
+        raise UnsupportedMediaType(
+            f"{what}; send 'content-type: application/json', or '{OCTET_STREAM}' with "
+            "binary tensors after an Inference-Header-Content-Length JSON header"
+        ) from None
+
+
+def infer_parser(task: str | None, headers: Mapping[str, str]) -> Parse:
+    """The parser of an infer call to a model of ``task`` (None: no such model, and the
+    front-end says so before parsing), reading the binary extension's header."""
+    header_length = headers.get(HEADER_LENGTH)
+    encoding = headers.get("content-encoding")
+    outputs = OUTPUTS.get(task or "", ())
+
+    def parse(body: bytes, limits: Limits) -> PredictRequest:
+        if task is not None and task not in OUTPUTS:
+            raise InvalidInput(
+                f"the V2 protocol serves {' and '.join(OUTPUTS)} models here; this is a "
+                f"{task} model: use POST /v1/models/{{name}}/predict"
+                + (" or /v1/models/{name}/rerank" if task == "text-ranking" else "")
+            )
+        return parse_infer(body, limits, outputs, header_length, encoding)
+
+    return parse
+
+
+def parse_infer(
+    body: bytes,
+    limits: Limits,
+    outputs: Sequence[str],
+    header_length: str | None = None,
+    content_encoding: str | None = None,
+) -> PredictRequest:
+    """The texts of an infer request, its parameters for the model, and in ``extra`` its
+    ``id`` and ``outputs`` (``RequestedOutput``s among ``outputs``, the model's). A binary
+    body has a JSON header of ``header_length`` bytes, then the binary tensors."""
+    if content_encoding and content_encoding.strip().lower() != "identity":
+        raise UnsupportedMediaType(
+            f"content-encoding {content_encoding!r} is not supported; send the body uncompressed"
+        )
+    check_body_size(body, limits)
+    header, binary = _split(body, header_length)
+    payload = load_json(header, EXAMPLE)
+    if not isinstance(payload, dict):
+        raise InvalidInput(f"expected a JSON object such as {EXAMPLE}, got {json_type(payload)}")
+    _no_unknown_keys(payload, REQUEST_KEYS, "the request")
+    request_id = payload.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput(f"'id' must be a string, got {json_type(request_id)}")
+    parameters = dict(check_parameters(payload.get("parameters"), PARAMETERS))
+    binary_default = parameters.pop("binary_data_output", False)
+    texts = _input_texts(payload.get("inputs"), binary, limits)
+    requested = _requested_outputs(payload.get("outputs"), outputs, binary_default)
+    return PredictRequest(
+        texts=texts, parameters=parameters, extra={"id": request_id, "outputs": requested}
+    )
+
+
+def _split(body: bytes, header_length: str | None) -> tuple[bytes, bytes | None]:
+    """The JSON header and the binary tensors after it (None: the body is all JSON)."""
+    if header_length is None:
+        return body, None
+    if not _DIGITS.fullmatch(header_length.strip()):
+        raise MalformedBody(
+            f"Inference-Header-Content-Length is {header_length!r}; expected the length "
+            "in bytes of the JSON header at the start of the body"
+        )
+    length = int(header_length)
+    if length > len(body):
+        raise MalformedBody(
+            f"Inference-Header-Content-Length is {length} bytes but the body has only "
+            f"{len(body)}; it must give the length of the JSON header at the body's start"
+        )
+    return body[:length], body[length:]
+
+
+def _input_texts(inputs: Any, binary: bytes | None, limits: Limits) -> list[str]:
+    if inputs is None:
+        raise InvalidInput(f"field 'inputs' is missing; expected {EXAMPLE}")
+    if not isinstance(inputs, list) or not inputs:
+        got = "an empty list" if inputs == [] else json_type(inputs)
+        raise InvalidInput(f"'inputs' must be a list holding the input {INPUT!r}, got {got}")
+    for index, tensor in enumerate(inputs):
+        if not isinstance(tensor, dict):
+            raise InvalidInput(f"'inputs[{index}]' must be an object, got {json_type(tensor)}")
+        if tensor.get("name") != INPUT:
+            raise InvalidInput(
+                f"unknown input {tensor.get('name')!r} in 'inputs[{index}]'; the model takes "
+                f"one input, {INPUT!r}"
+            )
+    if len(inputs) > 1:
+        raise InvalidInput(f"input {INPUT!r} is given {len(inputs)} times; send it once")
+    tensor = inputs[0]
+    where = f"input {INPUT!r}"
+    _no_unknown_keys(tensor, INPUT_KEYS, where)
+    if tensor.get("datatype") != "BYTES":
+        raise InvalidInput(
+            f"{where} has datatype {tensor.get('datatype')!r}; it takes 'BYTES' (UTF-8 texts)"
+        )
+    count = _row_count(tensor.get("shape"), where, limits)
+    size = _binary_size(tensor.get("parameters"), where)
+    if size is None:
+        if binary:
+            raise MalformedBody(
+                f"the body has {len(binary)} bytes after its JSON header but no input "
+                "declares 'binary_data_size'"
+            )
+        if "data" not in tensor:
+            raise InvalidInput(f"{where} has no 'data'; send its texts, e.g. {EXAMPLE}")
+        elements = _json_elements(tensor["data"], count, where)
+    else:
+        if "data" in tensor:
+            raise InvalidInput(
+                f"{where} has both 'data' and parameter 'binary_data_size'; send one of them"
+            )
+        if binary is None:
+            raise MalformedBody(
+                f"{where} declares binary_data_size but the request has no {HEADER_LENGTH} "
+                "header to say where the JSON ends and the binary data begins"
+            )
+        if size != len(binary):
+            raise MalformedBody(
+                f"{where} declares binary_data_size {size} but the body has {len(binary)} "
+                "bytes after its JSON header"
+            )
+        elements = _binary_elements(binary, count, where)
+    if len(elements) != count:
+        held = len(elements) if len(elements) <= count else f"more than {count}"
+        raise InvalidInput(
+            f"{where} has shape {tensor['shape']} ({count} elements) but its data holds {held}"
+        )
+    return check_texts(elements, limits, where, lambda index: f"{where} element {index}")
+
+
+def _row_count(shape: Any, where: str, limits: Limits) -> int:
+    """The number of texts a ``[n]`` or ``[n, 1]`` shape holds."""
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise InvalidInput(
+            f"{where} has shape {shape!r}; expected a list of non-negative integers, "
+            "[n] for n texts"
+        )
+    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
+        raise InvalidInput(f"{where} has shape {shape}; expected [n] (or [n, 1]) for n texts")
+    count = math.prod(shape)
+    check_text_count(count, limits, where)  # before its data is read
+    return count
+
+
+def _binary_size(parameters: Any, where: str) -> int | None:
+    if parameters is None:
+        return None
+    if not isinstance(parameters, dict):
+        raise InvalidInput(f"{where}'s 'parameters' must be an object, got {json_type(parameters)}")
+    for key in parameters:
+        if key.startswith("shared_memory"):
+            raise InvalidInput(
+                f"{where} uses {key!r}; shared memory is not offered, send the data in the body"
+            )
+        if key != "binary_data_size":
+            raise InvalidInput(f"unknown parameter {key!r} of {where}; known: 'binary_data_size'")
+    size = parameters.get("binary_data_size")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+        raise InvalidInput(
+            f"{where}'s binary_data_size must be a non-negative integer, got {size!r}"
+        )
+    return size
+
+
+def _json_elements(data: Any, limit: int, where: str) -> list[Any]:
+    """The elements of JSON tensor data, flat or nested row-major; at most ``limit`` + 1
+    are taken (enough to tell the shape was wrong)."""
+    if not isinstance(data, list):
+        raise InvalidInput(f"{where}'s 'data' must be a list of strings, got {json_type(data)}")
+    flat: list[Any] = []
+    stack = [iter(data)]
+    while stack and len(flat) <= limit:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            flat.append(item)
+            if len(flat) > limit:
+                break
+        else:
+            stack.pop()
+    return flat
+
+
+def _binary_elements(raw: bytes, limit: int, where: str) -> list[str]:
+    """BYTES elements: each a 4-byte little-endian length, then that many bytes of UTF-8;
+    at most ``limit`` + 1 are decoded."""
+    texts: list[str] = []
+    offset = 0
+    while offset < len(raw) and len(texts) <= limit:
+        index = len(texts)
+        if offset + _LENGTH.size > len(raw):
+            raise MalformedBody(
+                f"{where} element {index} is cut short: {len(raw) - offset} byte(s) where a "
+                "4-byte length was expected"
+            )
+        (size,) = _LENGTH.unpack_from(raw, offset)
+        offset += _LENGTH.size
+        if offset + size > len(raw):
+            raise MalformedBody(
+                f"{where} element {index} declares {size} bytes but only "
+                f"{len(raw) - offset} remain in the binary data"
+            )
+        try:
+            texts.append(raw[offset : offset + size].decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise MalformedBody(
+                f"{where} element {index} is not valid UTF-8 (bad byte at offset "
+                f"{exc.start}); texts must be UTF-8"
+            ) from None
+        offset += size
+    return texts
+
+
+def _requested_outputs(
+    requested: Any, outputs: Sequence[str], binary_default: bool
+) -> tuple[RequestedOutput, ...]:
+    if requested is None or requested == []:
+        return tuple(RequestedOutput(name, binary_default) for name in outputs)
+    if not isinstance(requested, list):
+        raise InvalidInput(f"'outputs' must be a list of objects, got {json_type(requested)}")
+    chosen: dict[str, RequestedOutput] = {}
+    for index, output in enumerate(requested):
+        if not isinstance(output, dict):
+            raise InvalidInput(f"'outputs[{index}]' must be an object, got {json_type(output)}")
+        _no_unknown_keys(output, OUTPUT_KEYS, f"'outputs[{index}]'")
+        name = output.get("name")
+        if not isinstance(name, str) or name not in outputs:
+            raise InvalidInput(
+                f"unknown output {name!r} in 'outputs[{index}]'; the model's outputs are "
+                f"{list(outputs)}"
+            )
+        if name in chosen:
+            raise InvalidInput(f"output {name!r} is requested twice; request it once")
+        chosen[name] = RequestedOutput(name, _binary_choice(output, name, binary_default))
+    return tuple(chosen.values())
+
+
+def _binary_choice(output: dict[str, Any], name: str, binary_default: bool) -> bool:
+    parameters = output.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput(
+            f"output {name!r}'s 'parameters' must be an object, got {json_type(parameters)}"
+        )
+    for key in parameters:
+        if key == "classification":
+            raise InvalidInput(
+                "the classification extension is not offered; request the outputs "
+                "'label' and 'probabilities'"
+            )
+        if key.startswith("shared_memory"):
+            raise InvalidInput(f"output {name!r} uses {key!r}; shared memory is not offered")
+        if key != "binary_data":
+            raise InvalidInput(
+                f"unknown parameter {key!r} of output {name!r}; known: 'binary_data'"
+            )
+    binary = parameters.get("binary_data", binary_default)
+    if not isinstance(binary, bool):
+        raise InvalidInput(
+            f"output {name!r}'s binary_data must be a boolean, got {json_type(binary)}"
+        )
+    return binary
+
+
+def _no_unknown_keys(value: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise InvalidInput(
+            f"unknown field(s) {unknown} in {where}; allowed fields are {sorted(allowed)}"
+        )
+
+
+# -- responses -------------------------------------------------------------------------
+
+
+def render_infer(answer: Answer) -> dict[str, Any] | Response:
+    """The infer response: JSON alone, or with binary outputs a JSON header (its length in
+    the Inference-Header-Content-Length header) followed by their bytes in order."""
+    tensors = _output_tensors(answer)
+    header: dict[str, Any] = {
+        "model_name": answer.model.name,
+        "model_version": answer.runtime.served.version,
+    }
+    if answer.request.extra.get("id") is not None:
+        header["id"] = answer.request.extra["id"]
+    described, chunks = [], []
+    for output in answer.request.extra["outputs"]:
+        datatype, values = tensors[output.name]
+        tensor: dict[str, Any] = {"name": output.name, "datatype": datatype}
+        tensor["shape"] = list(np.shape(values))
+        if output.binary:
+            chunk = _to_binary(datatype, values)
+            tensor["parameters"] = {"binary_data_size": len(chunk)}
+            chunks.append(chunk)
+        else:
+            tensor["data"] = _to_json(datatype, values)
+        described.append(tensor)
+    header["outputs"] = described
+    if not chunks:
+        return header
+    head = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(
+        head + b"".join(chunks),
+        media_type=OCTET_STREAM,
+        headers={HEADER_LENGTH: str(len(head))},
+    )
+
+
+def _output_tensors(answer: Answer) -> dict[str, tuple[str, Any]]:
+    """Each output of the answer's task: its datatype and values (an array, or a list of
+    strings for BYTES)."""
+    prediction = answer.prediction
+    if answer.runtime.spec.task == "text-classification":
+        labels = [output["label"] for output in prediction.outputs]
+        return {
+            "probabilities": ("FP32", np.asarray(prediction.raw, dtype=np.float32)),
+            "label": ("BYTES", labels),
+        }
+    return {"embedding": ("FP32", np.asarray(prediction.outputs, dtype=np.float32))}
+
+
+def _to_json(datatype: str, values: Any) -> Any:
+    if datatype == "BYTES":
+        return list(values)
+    # Row-major; orjson writes a float32 as one: 0.98, not 0.9800000190734863.
+    return np.ravel(values)
+
+
+def _to_binary(datatype: str, values: Any) -> bytes:
+    if datatype == "BYTES":
+        encoded = [value.encode("utf-8") for value in values]
+        return b"".join(_LENGTH.pack(len(value)) + value for value in encoded)
+    return np.ascontiguousarray(values, dtype="<f4").tobytes()

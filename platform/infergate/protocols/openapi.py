@@ -1,0 +1,461 @@
+"""The OpenAPI document of the HTTP API, generated from typed models of its bodies."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from infergate import __version__
+from infergate.observe.metrics import STAGES
+
+
+class PredictBody(BaseModel):
+    inputs: str | list[str] = Field(
+        description="One text, or a list of texts (one output per text).",
+        examples=["I love this film", ["first text", "second text"]],
+    )
+    parameters: dict[str, bool | str | int] = Field(
+        default_factory=dict,
+        description="Optional, per task. feature-extraction: 'normalize' (default true) "
+        "L2-normalises. text-ranking: 'query' (required), the query each text is scored "
+        "against; 'raw_scores' (default false): log-odds instead of 0..1 scores. "
+        "sparse-embedding: 'top_k', the k heaviest terms only. token-classification: "
+        "'aggregation_strategy', none, simple (default), first, max or average. "
+        "translation: 'beam_size' (1 to 8, default 1) and 'max_decoding_length' (1 to 512, "
+        "default 128).",
+    )
+
+
+class Classification(BaseModel):
+    label: str
+    score: float
+    scores: dict[str, float]
+
+
+class Relevance(BaseModel):
+    score: float = Field(description="Relevance to the query, 0 to 1 (or log-odds).")
+
+
+class SparseVector(BaseModel):
+    indices: list[int] = Field(description="Token ids with a weight above 0, heaviest first.")
+    values: list[float]
+
+
+class Entity(BaseModel):
+    entity: str = Field(description="The entity type (the token's label with 'none').")
+    score: float
+    start: int = Field(description="Character offset of its start in the text.")
+    end: int = Field(description="Character offset just past its end.")
+    word: str = Field(description="text[start:end].")
+    index: int | None = Field(None, description="The token's position ('none' only).")
+
+
+class Translated(BaseModel):
+    translation_text: str = Field(description="The text the model generated.")
+
+
+class PredictResponse(BaseModel):
+    model: str
+    version: str
+    outputs: (
+        list[Classification]
+        | list[list[float]]
+        | list[Relevance]
+        | list[SparseVector]
+        | list[list[Entity]]
+        | list[Translated]
+    ) = Field(
+        description="Per input: label and scores (text-classification), a vector "
+        "(feature-extraction), a relevance score (text-ranking), a sparse vector "
+        "(sparse-embedding), its entities (token-classification), its translation "
+        "(translation)."
+    )
+
+
+class RerankBody(BaseModel):
+    query: str = Field(examples=["What is Deep Learning?"])
+    texts: list[str] = Field(description="The texts to rank against the query.")
+    top_n: int | None = Field(None, ge=1, description="Return the best n only.")
+    return_text: bool = Field(False, description="Include each text in its result.")
+    raw_scores: bool = Field(False, description="Log-odds instead of 0..1 scores.")
+    model: str | None = Field(
+        None,
+        description="POST /rerank only: the text-ranking model; without it, the only one served.",
+    )
+
+
+class RerankResult(BaseModel):
+    index: int = Field(description="Position of the text in the request's texts.")
+    score: float
+    text: str | None = Field(None, description="With return_text.")
+
+
+class RerankResponse(BaseModel):
+    model: str
+    version: str
+    results: list[RerankResult] = Field(description="Best first.")
+
+
+class VersionInfo(BaseModel):
+    version: str
+    role: str = Field(description="champion or canary")
+    weight: int = Field(description="Share of traffic in percent.")
+
+
+class ModelInfo(BaseModel):
+    name: str
+    task: str
+    versions: list[VersionInfo]
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="What was wrong and how to fix it.")
+    type: str = Field(description="A stable machine-readable kind, e.g. invalid_input.")
+
+
+class EmbeddingsBody(BaseModel):
+    """OpenAI's embeddings request; token-id inputs are refused."""
+
+    model: str = Field(description="A served embedding model.", examples=["embed"])
+    input: str | list[str] = Field(
+        description="One text, or a list of texts (one embedding per text).",
+        examples=["A sentence to embed", ["first text", "second text"]],
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: the little-endian float32 bytes of each vector."
+    )
+    dimensions: int | None = Field(
+        None, ge=1, description="Keep the first dimensions, then scale to unit length."
+    )
+    user: str | None = Field(None, description="Accepted and ignored.")
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="A unit vector, or its base64 bytes.")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = Field(description="Tokens the model saw, special tokens included.")
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int = Field(description="Always 0: the front-end does not know.")
+    owned_by: str
+
+
+class OpenAIModelList(BaseModel):
+    object: Literal["list"]
+    data: list[OpenAIModel]
+
+
+class OpenAIError(BaseModel):
+    message: str = Field(description="What was wrong and how to fix it.")
+    type: str = Field(description="invalid_request_error, rate_limit_error or server_error.")
+    param: str | None = Field(description="The request field at fault, if one is.")
+    code: str = Field(description="The kind, as in ErrorBody's type.")
+
+
+class OpenAIErrorBody(BaseModel):
+    error: OpenAIError
+
+
+# -- the Open Inference Protocol (KServe V2), infergate.protocols.kserve_v2 ------------------------
+
+
+class V2InputTensor(BaseModel):
+    name: str = Field(description="Always 'text'.", examples=["text"])
+    shape: list[int] = Field(description="[n] (or [n, 1]) for n texts.", examples=[[2]])
+    datatype: str = Field(description="Always 'BYTES'.", examples=["BYTES"])
+    data: list[str] | None = Field(
+        None, description="The texts, row-major; absent when they follow as binary data."
+    )
+    parameters: dict[str, int] = Field(
+        default_factory=dict,
+        description="'binary_data_size': bytes of this tensor in the binary part of the body.",
+    )
+
+
+class V2RequestedOutput(BaseModel):
+    name: str = Field(description="probabilities or label (text-classification), embedding.")
+    parameters: dict[str, bool] = Field(
+        default_factory=dict, description="'binary_data': return it as binary data."
+    )
+
+
+class V2InferRequest(BaseModel):
+    id: str | None = Field(None, description="Returned in the response.")
+    inputs: list[V2InputTensor] = Field(description="One input, 'text'.")
+    outputs: list[V2RequestedOutput] | None = Field(
+        None, description="The outputs to return; all of the model's by default."
+    )
+    parameters: dict[str, bool] = Field(
+        default_factory=dict,
+        description="'binary_data_output': every output as binary data; 'normalize' (default "
+        "true, feature-extraction only).",
+    )
+
+
+class V2OutputTensor(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str = Field(description="FP32 or BYTES.")
+    data: list[float] | list[str] | None = Field(
+        None, description="Row-major; absent for an output returned as binary data."
+    )
+    parameters: dict[str, int] | None = Field(
+        None, description="'binary_data_size' of an output returned as binary data."
+    )
+
+
+class V2InferResponse(BaseModel):
+    model_name: str
+    model_version: str = Field(description="The version that answered.")
+    id: str | None = None
+    outputs: list[V2OutputTensor]
+
+
+class V2TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int] = Field(description="-1 where the size varies.")
+    parameters: dict[str, list[str]] | None = Field(
+        None, description="'labels': the columns of 'probabilities'."
+    )
+
+
+class V2ModelMetadata(BaseModel):
+    name: str
+    versions: list[str] = Field(description="The served versions (a path may name one).")
+    platform: str
+    inputs: list[V2TensorMetadata]
+    outputs: list[V2TensorMetadata]
+
+
+class V2ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+V2_MODELS: list[type[BaseModel]] = [
+    V2InputTensor, V2RequestedOutput, V2InferRequest, V2OutputTensor, V2InferResponse,
+    V2TensorMetadata, V2ModelMetadata, V2ServerMetadata,
+]  # fmt: skip
+BINARY_BODY = {
+    "description": "The JSON object, then the binary tensors; the header "
+    "Inference-Header-Content-Length gives the JSON's length in bytes. BYTES elements: a "
+    "4-byte little-endian length, then the UTF-8 text.",
+    "schema": {"type": "string", "format": "binary"},
+}
+
+
+def _v2_paths() -> dict[str, Any]:
+    name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+    version = {**name, "name": "version"}
+    not_found = {"404": _json(ErrorBody, "Unknown model or version")}
+    infer_errors = {code: _json(ErrorBody, text) for code, text in ERRORS.items()}
+    infer_errors["400"] = _json(ErrorBody, ERRORS["400"] + " Binary data that does not add up.")
+    infer_errors["415"] = _json(ErrorBody, "Neither JSON nor application/octet-stream.")
+    infer = {
+        "summary": "Infer (Open Inference Protocol)",
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": _ref(V2InferRequest)},
+                "application/octet-stream": BINARY_BODY,
+            },
+        },
+        "responses": {
+            "200": {
+                "description": "Outputs; with binary outputs, the JSON then their bytes",
+                "headers": TIMING_HEADERS,
+                "content": {
+                    "application/json": {"schema": _ref(V2InferResponse)},
+                    "application/octet-stream": BINARY_BODY,
+                },
+            },
+            **infer_errors,
+        },
+    }
+    metadata = {"responses": {"200": _json(V2ModelMetadata, "Inputs and outputs"), **not_found}}
+    ready = {
+        "responses": {
+            "200": {"description": "The model (or the version) answers"},
+            **not_found,
+            "503": _json(ErrorBody, "Some version does not answer"),
+        }
+    }
+    paths: dict[str, Any] = {}
+    for prefix, parameters in [
+        ("/v2/models/{name}", [name]),
+        ("/v2/models/{name}/versions/{version}", [name, version]),
+    ]:
+        paths[f"{prefix}/infer"] = {"post": {**infer, "parameters": parameters}}
+        paths[prefix] = {"get": {**metadata, "parameters": parameters}}
+        paths[f"{prefix}/ready"] = {"get": {**ready, "parameters": parameters}}
+    paths["/v2/health/live"] = {"get": {"responses": {"200": {"description": "Process alive"}}}}
+    paths["/v2/health/ready"] = {
+        "get": {
+            "responses": {
+                "200": {"description": "As /readyz: every served version answers"},
+                "503": _json(ErrorBody, "Some version is not ready"),
+            }
+        }
+    }
+    paths["/v2"] = {"get": {"responses": {"200": _json(V2ServerMetadata, "Server metadata")}}}
+    return paths
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+TIMING_HEADERS = {
+    name: {"description": text, "schema": {"type": "string"}}
+    for name, text in {
+        "x-model-version": "The model version that answered.",
+        **{stage.header: f"Milliseconds spent {stage.spent}." for stage in STAGES},
+    }.items()
+}
+ERRORS = {
+    "400": "Empty body, broken JSON or invalid UTF-8.",
+    "404": "Unknown model.",
+    "413": "Body, text or list too large.",
+    "415": "Not JSON.",
+    "422": "Valid JSON of the wrong shape.",
+    "503": "Backend unavailable, or this replica still starting.",
+    "504": "The model did not answer within the front-end's deadline.",
+}
+
+
+def _predict_operation(summary: str) -> dict[str, Any]:
+    responses = {"200": {**_json(PredictResponse, "Outputs"), "headers": TIMING_HEADERS}}
+    responses.update({code: _json(ErrorBody, text) for code, text in ERRORS.items()})
+    return {
+        "summary": summary,
+        "requestBody": {"required": True, **_json(PredictBody, "Texts")},
+        "responses": responses,
+    }
+
+
+def _rerank_operation(summary: str, tei: bool) -> dict[str, Any]:
+    ok: dict[str, Any] = _json(RerankResponse, "Results, best first")
+    if tei:
+        schema = {"type": "array", "items": _ref(RerankResult)}
+        ok = {
+            "description": "Results, best first",
+            "content": {"application/json": {"schema": schema}},
+        }
+    responses = {"200": {**ok, "headers": TIMING_HEADERS}}
+    responses.update({code: _json(ErrorBody, text) for code, text in ERRORS.items()})
+    return {
+        "summary": summary,
+        "requestBody": {"required": True, **_json(RerankBody, "Query and texts")},
+        "responses": responses,
+    }
+
+
+def _embeddings_operation() -> dict[str, Any]:
+    responses = {"200": {**_json(EmbeddingsResponse, "Embeddings"), "headers": TIMING_HEADERS}}
+    responses.update({code: _json(OpenAIErrorBody, text) for code, text in ERRORS.items()})
+    return {
+        "summary": "Embeddings in OpenAI's API",
+        "requestBody": {"required": True, **_json(EmbeddingsBody, "Model and texts")},
+        "responses": responses,
+    }
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    models: list[type[BaseModel]] = [
+        PredictBody, Classification, Relevance, SparseVector, Entity, PredictResponse,
+        RerankBody, RerankResult, RerankResponse, VersionInfo, ModelInfo, ModelList,
+        ErrorBody, EmbeddingsBody, Embedding, Usage, EmbeddingsResponse, OpenAIModel,
+        OpenAIModelList, OpenAIError, OpenAIErrorBody,
+        *V2_MODELS,
+    ]  # fmt: skip
+    schemas: dict[str, Any] = {}
+    for model in models:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+    model_name = {**name, "name": "model"}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "infergate", "version": __version__},
+        "paths": {
+            "/v1/models/{name}/predict": {
+                "post": {**_predict_operation("Predict with a model"), "parameters": [name]}
+            },
+            "/predict": {"post": _predict_operation("Predict with the default model")},
+            "/v1/models/{name}/rerank": {
+                "post": {
+                    **_rerank_operation("Rank texts against a query (text-ranking)", False),
+                    "parameters": [name],
+                }
+            },
+            "/rerank": {
+                "post": _rerank_operation(
+                    "Rerank in TEI's shape (the only text-ranking model)", True
+                )
+            },
+            "/v1/models": {"get": {"responses": {"200": _json(ModelList, "Served models")}}},
+            "/v1/models/{name}": {
+                "get": {
+                    "parameters": [name],
+                    "responses": {
+                        "200": _json(ModelInfo, "Versions, roles and weights"),
+                        "404": _json(ErrorBody, "Unknown model"),
+                    },
+                }
+            },
+            "/healthz": {"get": {"responses": {"200": {"description": "Process alive"}}}},
+            "/readyz": {
+                "get": {
+                    "responses": {
+                        "200": {"description": "Every served version answers"},
+                        "503": _json(ErrorBody, "Some version is not ready"),
+                    }
+                }
+            },
+            "/v1/embeddings": {"post": _embeddings_operation()},
+            "/openai/v1/embeddings": {"post": _embeddings_operation()},
+            "/openai/v1/models": {
+                "get": {"responses": {"200": _json(OpenAIModelList, "Served models")}}
+            },
+            "/openai/v1/models/{model}": {
+                "get": {
+                    "parameters": [model_name],
+                    "responses": {
+                        "200": _json(OpenAIModel, "One served model"),
+                        "404": _json(OpenAIErrorBody, "Unknown model"),
+                    },
+                }
+            },
+            **_v2_paths(),
+        },
+        "components": {"schemas": schemas},
+    }

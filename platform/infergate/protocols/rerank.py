@@ -1,0 +1,121 @@
+"""The rerank endpoints of text-ranking models (cross-encoders).
+
+``POST /v1/models/{name}/rerank`` takes ``{"query": "...", "texts": [...], "top_n": k,
+"return_text": bool, "raw_scores": bool}`` and answers ``{"model", "version", "results":
+[{"index", "score", "text"?}]}``, best first. ``POST /rerank`` takes the same body (with
+an optional ``"model"``; without one, the only served text-ranking model answers) and
+answers the bare list of results, as Hugging Face's Text Embeddings Inference does
+(https://huggingface.github.io/text-embeddings-inference/#/Text%20Embeddings%20Inference/rerank).
+
+Pure: parse, check and render plug into ``Frontend.serve_inference``, so routing,
+canaries, metrics and headers are the predict endpoint's; the query gets the limits of
+a text. Each text is scored as the pair (query, text) (``infergate.tasks.ranking``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from infergate.errors import InvalidInput
+from infergate.protocols.wire import (
+    Answer,
+    Limits,
+    PredictRequest,
+    check_texts,
+    json_object,
+    json_type,
+    refuse_unknown_fields,
+    validate_texts,
+)
+from infergate.tasks.ranking import ranked
+
+if TYPE_CHECKING:
+    from infergate.serving.runtime import ModelRuntime
+
+RANKING_TASK = "text-ranking"
+KEYS = frozenset({"query", "texts", "top_n", "return_text", "raw_scores"})
+# TEI's body also has "truncate" and "truncation_direction"; texts are always truncated
+# here (at the model's max length, longest of the pair first).
+TEI_KEYS = KEYS | {"model", "truncate"}
+EXAMPLE = '{"query": "What is Deep Learning?", "texts": ["Deep learning is...", "Cheese is..."]}'
+
+
+def rerank_parser(with_model: bool, default: Callable[[], str | None] | None = None) -> Any:
+    """The parser of a rerank body; ``with_model``: the body may name its model (``/rerank``),
+    else ``default()`` names it (the only served text-ranking model, if there is one)."""
+
+    def parse(body: bytes, limits: Limits) -> PredictRequest:
+        payload = json_object(body, limits, EXAMPLE)
+        refuse_unknown_fields(payload, TEI_KEYS if with_model else KEYS)
+        for key in ("query", "texts"):
+            if key not in payload:
+                raise InvalidInput(f"field {key!r} is missing; expected {EXAMPLE}", param=key)
+        query = payload["query"]
+        if not isinstance(query, str):
+            raise InvalidInput(f"'query' must be a string, got {json_type(query)}", param="query")
+        check_texts([query], limits, "'query'", lambda _: "'query'", "query")
+        texts = payload["texts"]
+        if not isinstance(texts, list):
+            raise InvalidInput(
+                f"'texts' must be a list of strings, got {json_type(texts)}", param="texts"
+            )
+        texts = validate_texts(texts, limits, "texts")
+        top_n = payload.get("top_n")
+        if top_n is not None and (
+            not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1
+        ):
+            raise InvalidInput(f"'top_n' must be a positive integer, got {top_n!r}", param="top_n")
+        flags = {}
+        for key in ("return_text", "raw_scores", "truncate"):
+            value = payload.get(key, False)
+            if not isinstance(value, bool):
+                raise InvalidInput(f"{key!r} must be a boolean, got {json_type(value)}", param=key)
+            flags[key] = value
+        model = payload.get("model") if with_model else None
+        if model is not None and not isinstance(model, str):
+            raise InvalidInput(f"'model' must be a string, got {json_type(model)}", param="model")
+        if with_model and model is None and default is not None:
+            model = default()
+        if with_model and model is None:
+            raise InvalidInput(
+                "name the model: the body's 'model' (more than one text-ranking model, or "
+                "none, is served)",
+                param="model",
+            )
+        parameters: dict[str, Any] = {"query": query}
+        if flags["raw_scores"]:
+            parameters["raw_scores"] = True
+        extra = {"top_n": top_n, "return_text": flags["return_text"]}
+        return PredictRequest(texts=texts, parameters=parameters, model=model, extra=extra)
+
+    return parse
+
+
+def refuse_unless_ranking(request: PredictRequest, runtime: ModelRuntime) -> None:
+    if runtime.spec.task != RANKING_TASK:
+        raise InvalidInput(
+            f"model {runtime.served.name!r} is a {runtime.spec.task} model and ranks nothing; "
+            f"rerank needs a {RANKING_TASK} model (GET /v1/models shows each model's task)",
+            param="model",
+        )
+
+
+def _results(answer: Answer) -> list[dict[str, Any]]:
+    scores = [output["score"] for output in answer.prediction.outputs]
+    extra = answer.request.extra
+    return ranked(scores, answer.request.texts, extra["top_n"], extra["return_text"])
+
+
+def render_rerank(answer: Answer) -> dict[str, Any]:
+    """``{"model", "version", "results"}``, the results best first."""
+    return {
+        "model": answer.model.name,
+        "version": answer.runtime.served.version,
+        "results": _results(answer),
+    }
+
+
+def render_tei_rerank(answer: Answer) -> list[dict[str, Any]]:
+    """TEI's shape: the bare list of results, best first."""
+    return _results(answer)

@@ -1,0 +1,397 @@
+"""``infergate register``: optimise a Hugging Face model and store it as a registry version.
+
+Steps: export to ONNX, ONNX Runtime fusions, quantisation at the fastest setting whose
+quality on the reference texts meets the budget, parity against PyTorch
+(``infergate.registration.onnx_export``), reference statistics on reference texts run through the
+very tokenizer and graph that will be served, then one MLflow run holding every file
+(the quality report among them) and one new model version pointing at it. A model given
+as an ONNX file takes ``infergate.registration.onnx_folder`` instead of the export, and is measured
+against that file.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from infergate import tasks
+from infergate.config import PROJECT_ROOT, TASKS, TritonSettings
+from infergate.errors import ModelNotFound, RegistrationError
+from infergate.observe.reference import reference_stats
+from infergate.registration.quality import Budget
+from infergate.registry import Registry
+from infergate.serving.tokenization import TextTokenizer
+from infergate.tasks import Figures
+from infergate.triton.repository import build_config, build_translation_config, render_config
+from infergate.versions import (
+    PARITY_FILE,
+    QUALITY_FILE,
+    REFERENCE_FILE,
+    SPEC_FILE,
+    triton_model_name,
+)
+
+DEFAULT_REFERENCE_TEXTS = PROJECT_ROOT / "registry" / "demo" / "sentiment.tsv"
+REFERENCE_BATCH = 32
+TRANSLATION = "translation"  # registered through CTranslate2, not ONNX
+
+
+@dataclass(frozen=True)
+class Registered:
+    name: str
+    version: str
+    task: str
+    precision: str
+    parity_check: str  # the gated figure against its tolerance (ParityReport.check)
+    onnx_bytes: int
+    quality: str = ""  # the setting kept and its figures (QualityReport.summary)
+
+
+def read_texts(path: Path) -> list[str]:
+    """One text per line, or a TSV/CSV whose header has a ``text`` column."""
+    return read_inputs(path)[0]
+
+
+def read_inputs(path: Path) -> tuple[list[str], list[str] | None]:
+    """Texts, and their queries where a TSV/CSV has a ``query`` column too (text-ranking's
+    reference pairs); else one text per line."""
+    if not path.is_file():
+        raise RegistrationError(f"reference texts file {path} does not exist")
+    queries: list[str] | None = None
+    if path.suffix in (".tsv", ".csv"):
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle, delimiter="\t" if path.suffix == ".tsv" else ",")
+            fields = reader.fieldnames or []
+            if "text" not in fields:
+                raise RegistrationError(f"{path} has no 'text' column in its header")
+            rows = [row for row in reader if row.get("text")]
+            texts = [row["text"] for row in rows]
+            if "query" in fields:
+                queries = [row.get("query") or "" for row in rows]
+    else:
+        texts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not texts:
+        raise RegistrationError(f"{path} holds no texts")
+    return texts, queries
+
+
+def reference_queries(texts: list[str], queries: list[str] | None) -> list[str]:
+    """text-ranking's reference pairs: the file's queries, or else each text paired with
+    the one before it (a stand-in: real queries make a better drift baseline)."""
+    if queries is not None:
+        return queries
+    return [texts[i - 1] for i in range(len(texts))]
+
+
+def run_reference(
+    onnx_path: Path,
+    tokenizer: TextTokenizer,
+    task: str,
+    output_name: str,
+    labels: list[str],
+    texts: list[str],
+    progress: bool,
+    queries: list[str] | None = None,
+) -> dict:
+    """Run the reference texts through the graph that will be served, tokenized and
+    post-processed as the front-end does; summarise."""
+    import onnxruntime as ort
+
+    served = tasks.get(task)
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    lengths, unknown, outputs, figures = [], [], [], []
+    starts = range(0, len(texts), REFERENCE_BATCH)
+    for start in tqdm(starts, desc="reference statistics", unit="batch", disable=not progress):
+        chunk = texts[start : start + REFERENCE_BATCH]
+        parameters = {"query": queries[start : start + REFERENCE_BATCH]} if queries else {}
+        batch = served.tokenize(tokenizer, chunk, parameters)
+        feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        (out,) = session.run([output_name], feeds)
+        _, raw = served.postprocess(out, batch, chunk, labels, {})
+        lengths.append(batch.lengths)
+        unknown.append(batch.unknown_ratio)
+        figures.append(served.figures(raw, batch, labels))
+        if served.centroid:
+            outputs.append(raw)
+    return reference_stats(
+        task,
+        np.concatenate(lengths),
+        np.concatenate(unknown),
+        np.concatenate(outputs) if outputs else np.zeros((0, 0)),
+        labels,
+        figures=Figures.concat(figures),
+    )
+
+
+def resolve_source(src: str, work: Path) -> Path:
+    """A local folder as it is; an MLflow artifact URI (``runs:/``, ``models:/``...) fetched."""
+    if ":/" not in src:
+        return Path(src).expanduser()
+    import mlflow
+
+    try:
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=src, dst_path=str(work)))
+    except Exception as exc:
+        raise RegistrationError(f"could not download {src}: {exc}") from None
+
+
+def register_model(
+    src: str,
+    *,
+    name: str,
+    task: str,
+    registry: Registry,
+    precision: str = "int8",
+    max_length: int | None = None,
+    reference_texts: Path | None = None,
+    alias: str | None = None,
+    quality_budget: str = "default",
+    triton: TritonSettings | None = None,
+    progress: bool = True,
+    onnx_file: str | None = None,
+) -> Registered:
+    """Register ``src`` as a new version of ``name``; ``quality_budget`` is
+    ``infergate.registration.quality.Budget.parse``'s text (``default``, ``none`` or
+    ``NAME=VALUE,...``).
+
+    ``src`` is a Hugging Face folder exported from PyTorch, or, with ``onnx_file`` (or
+    when the folder has an ONNX file and no PyTorch weights), the folder of the tokenizer
+    and config beside a graph registered as it is (``infergate.registration.onnx_folder``)."""
+    from infergate.registration import onnx_export, onnx_folder
+
+    if task not in TASKS:
+        raise RegistrationError(f"task {task!r} is not supported; choose one of {list(TASKS)}")
+    if not name or name != name.strip() or "/" in name:
+        raise RegistrationError(f"model name {name!r} is not valid; use letters, digits, - or _")
+    if alias == "":
+        raise RegistrationError("--alias needs a name, such as champion")
+    try:
+        budget = Budget.parse(quality_budget, tasks.get(task).output_name)
+    except ValueError as exc:
+        raise RegistrationError(str(exc)) from None
+    _check_task(registry, name, task)
+    texts, queries = read_inputs(reference_texts or DEFAULT_REFERENCE_TEXTS)
+    if task == TRANSLATION:
+        if onnx_file is not None:
+            raise RegistrationError(
+                "a translation model is registered from its Hugging Face folder, which "
+                "CTranslate2 converts; --onnx does not apply"
+            )
+        return register_translation(
+            src, name=name, registry=registry, precision=precision, max_length=max_length,
+            texts=texts, alias=alias, triton=triton, progress=progress,
+        )  # fmt: skip
+    samples: list[onnx_export.Sample] = list(texts)
+    if task == "text-ranking":
+        queries = reference_queries(texts, queries)
+        samples = list(zip(queries, texts, strict=True))
+    with tempfile.TemporaryDirectory(prefix="infergate-register-") as tmp:
+        work = Path(tmp)
+        source = resolve_source(src, work / "source")
+        out = work / "model"
+        graph = onnx_folder.onnx_file_of(source, onnx_file)
+        if graph is not None:
+            built = onnx_folder.build(
+                source, graph, task, precision, out, max_length_tokens=max_length,
+                quality_texts=samples, budget=budget, progress=progress,
+            )  # fmt: skip
+        else:
+            built = onnx_export.build(
+                source, task, precision, out, max_length=max_length, quality_texts=samples,
+                budget=budget, progress=progress,
+            )  # fmt: skip
+        source_format = "pytorch" if graph is None else "onnx"
+        tokenizer = TextTokenizer.from_dir(built.tokenizer_dir, built.max_length)
+        stats = run_reference(
+            built.onnx_path, tokenizer, task, built.output_name, built.labels, texts, progress,
+            queries if task == "text-ranking" else None,
+        )  # fmt: skip
+        spec = {
+            "format": 1,
+            "task": task,
+            "labels": built.labels,
+            "output_name": built.output_name,
+            "output_dim": built.output_dim,
+            "max_length": built.max_length,
+            "precision": built.precision,
+            "model_type": built.model_type,
+            "source": src,
+            "source_format": source_format,
+        }
+        (out / SPEC_FILE).write_text(json.dumps(spec, indent=2))
+        (out / REFERENCE_FILE).write_text(json.dumps(stats, indent=2))
+        (out / PARITY_FILE).write_text(json.dumps(built.parity.to_dict(), indent=2))
+        quality = built.quality
+        (out / QUALITY_FILE).write_text(json.dumps(quality.to_dict(), indent=2))
+        config = build_config(
+            triton_model_name(name, "1"),
+            output_name=built.output_name,
+            output_dim=built.output_dim,
+            settings=triton or TritonSettings(),
+        )
+        (out / "triton").mkdir(exist_ok=True)
+        (out / "triton" / "config.pbtxt").write_text(render_config(config))
+        parity = built.parity
+        version = registry.register(
+            name,
+            task,
+            out,
+            metrics={
+                "parity_max_abs_diff": parity.max_abs_diff,
+                "parity_tolerance": parity.tolerance,
+                **{f"parity_{k}": v for k, v in parity.extra.items()},
+                **{f"quality_{k}": v for k, v in quality.figures.items()},
+                "reference_texts": float(len(texts)),
+                "unknown_token_ratio_reference": stats["unknown_token_ratio_mean"],
+            },
+            params={
+                "task": task,
+                "precision": built.precision,
+                "quantisation": quality.setting,
+                "quality_budget": quality.budget,
+                "max_length": str(built.max_length),
+                "model_type": built.model_type,
+                "source": src,
+                "source_format": source_format,
+                **({"onnx_file": str(graph)} if graph is not None else {}),
+            },
+            tags={
+                "infergate.precision": built.precision,
+                "infergate.quantisation": quality.setting,
+                "infergate.parity_max_abs_diff": f"{parity.max_abs_diff:.6g}",
+                "infergate.parity_check": parity.check,
+                "infergate.parity_passed": str(parity.passed).lower(),
+            },
+            alias=alias,
+        )
+        return Registered(
+            name,
+            version,
+            task,
+            built.precision,
+            parity.check,
+            built.onnx_path.stat().st_size,
+            quality.summary(),
+        )
+
+
+def register_translation(
+    src: str,
+    *,
+    name: str,
+    registry: Registry,
+    precision: str,
+    max_length: int | None,
+    texts: list[str],
+    alias: str | None,
+    triton: TritonSettings | None,
+    progress: bool,
+) -> Registered:
+    """Register a sequence-to-sequence model: converted by CTranslate2 and parity-checked
+    against transformers' ``generate`` (``infergate.registration.ct2_export``); its reference
+    statistics follow the output lengths of the reference texts."""
+    from infergate.registration import ct2_export
+
+    with tempfile.TemporaryDirectory(prefix="infergate-register-") as tmp:
+        work = Path(tmp)
+        source = resolve_source(src, work / "source")
+        out = work / "model"
+        built = ct2_export.build(
+            source, precision, out, texts=texts, max_length=max_length, progress=progress
+        )
+        if progress:
+            print("reference statistics: translating the reference texts", file=sys.stderr)
+        lengths, unknown, generated = ct2_export.reference_run(built, texts)
+        figures = Figures(generated.astype(np.float64))
+        stats = reference_stats(
+            TRANSLATION, lengths, unknown, np.zeros((0, 0)), [], figures=figures
+        )
+        output_name = tasks.get(TRANSLATION).output_name
+        spec = {
+            "format": 1,
+            "task": TRANSLATION,
+            "labels": [],
+            "output_name": output_name,
+            "output_dim": 1,  # a row of ids of any length: unused
+            "max_length": built.max_length,
+            "max_decoding_length": built.max_decoding_length,
+            "precision": built.precision,
+            "model_type": built.model_type,
+            "source": src,
+        }
+        (out / SPEC_FILE).write_text(json.dumps(spec, indent=2))
+        (out / REFERENCE_FILE).write_text(json.dumps(stats, indent=2))
+        (out / PARITY_FILE).write_text(json.dumps(built.parity.to_dict(), indent=2))
+        config = build_translation_config(
+            triton_model_name(name, "1"), precision=built.precision,
+            max_decoding_length=built.max_decoding_length,
+            settings=triton or TritonSettings(),
+        )  # fmt: skip
+        (out / "triton").mkdir(exist_ok=True)
+        (out / "triton" / "config.pbtxt").write_text(render_config(config))
+        parity = built.parity
+        version = registry.register(
+            name,
+            TRANSLATION,
+            out,
+            metrics={
+                "parity_exact_match": parity.exact_match,
+                "parity_chrf": parity.chrf,
+                "parity_min_chrf": parity.min_chrf,
+                "parity_texts": float(parity.n_samples),
+                "reference_texts": float(len(texts)),
+                "reference_output_tokens_mean": float(generated.mean()),
+                "unknown_token_ratio_reference": stats["unknown_token_ratio_mean"],
+            },
+            params={
+                "task": TRANSLATION,
+                "precision": built.precision,
+                "engine": "ctranslate2",
+                "compute_type_cpu": parity.compute_type,
+                "max_length": str(built.max_length),
+                "model_type": built.model_type,
+                "source": src,
+            },
+            tags={
+                "infergate.precision": built.precision,
+                "infergate.parity_check": parity.check,
+                "infergate.parity_passed": str(parity.passed).lower(),
+            },
+            alias=alias,
+        )
+        return Registered(
+            name, version, TRANSLATION, built.precision, parity.check, built.model_bytes
+        )
+
+
+def _check_task(registry: Registry, name: str, task: str) -> None:
+    """A model keeps its task: its clients read one kind of output."""
+    try:
+        served = registry.model(name).task
+    except ModelNotFound:
+        return  # a new model
+    if served != task:
+        raise RegistrationError(
+            f"model {name!r} is a {served} model; register this {task} model under another name"
+        )
+
+
+def describe(registered: Registered) -> str:
+    r = asdict(registered)
+    engine = "CTranslate2" if r["task"] == TRANSLATION else "ONNX"
+    line = (
+        f"registered {r['name']} version {r['version']} ({r['task']}, {r['precision']}, "
+        f"{_size(r['onnx_bytes'])} {engine}, parity {r['parity_check']})"
+    )
+    return f"{line}\nquality {r['quality']}" if r["quality"] else line
+
+
+def _size(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"

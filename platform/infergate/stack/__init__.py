@@ -1,0 +1,2 @@
+"""``infergate up``: the local stack's processes (MLflow, Triton, Ray Serve) and
+what supervises them."""

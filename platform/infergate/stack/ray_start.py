@@ -1,0 +1,136 @@
+"""Starting Ray and Ray Serve in this process, or joining a cluster that runs them.
+
+Used by the stack (``infergate up``) and by the benchmark's in-process server, which share
+the fast-ingress settings below.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+from infergate.config import ServeSettings
+from infergate.serving.ingress import write_error_pages
+from infergate.stack.processes import descendants, reap
+
+log = logging.getLogger(__name__)
+RAY_START_ATTEMPTS = 3
+
+# Ray Serve's HAProxy ingress and throughput-optimised mode: on two cores a no-op
+# deployment went from 165 to 2285 req/s at concurrency 32 with these two.
+FAST_INGRESS_ENV = {
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    # HAProxy would send one log line per request to a Ray actor that parses it into
+    # Ray's own HTTP metrics: 5-8 % of a core at 600 req/s, and infergate_requests_total
+    # already counts every request. HAProxy's Prometheus endpoint stays.
+    "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
+    # A replica leaving waits this long for HAProxy to stop sending it requests; the 30 s
+    # default is sized for remote nodes, here HAProxy reloads in well under a second.
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5",
+    # HAProxy shares the box with the replicas and Triton; Ray Serve gives it four threads
+    # whatever the cores. One per two cores: on two, one thread cost 0.10-0.12 ms of CPU
+    # per request against 0.13-0.16 with four (four alternating runs at c=32).
+    "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, (os.cpu_count() or 1) // 2)),
+}
+
+
+# Ray starts its workers 15 steps nicer than itself so that drivers keep their priority.
+# Here the workers (the front-end replicas, and HAProxy which the proxy actor starts) are
+# the serving path, beside Triton on the same cores: 15 steps down, the replicas waited
+# for the model's threads, and the cores idled between batches (c=32: 809-880 -> 848-942
+# req/s and idle 10-11 % -> 8-9 % in three alternating pairs; c=8: 547-616 -> 638-665).
+WORKER_ENV = {
+    "RAY_worker_niceness": "0",
+    # Replicas tokenize on the calling thread (infergate.serving.tokenization.tokenize_serially);
+    # set before the workers start, so that no replica writes its environment while
+    # other threads run.
+    "TOKENIZERS_PARALLELISM": "false",
+    # The Serve controller (a worker too) runs its control loop every 0.1 s by default:
+    # 4 % of a core on an idle two-core stack, 1.6 % every 0.5 s. Deploys, health checks
+    # and scaling decisions then start up to 0.4 s later; autoscaling waits for seconds
+    # of metrics anyway.
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+    # The raylet stops its node when its agent (which exports the metrics) has not
+    # registered within 30 s, Ray's default; on two busy cores an agent took longer. A
+    # broken agent now fails later, a slow one no longer fails.
+    "RAY_agent_register_timeout_ms": "120000",
+}
+
+
+def use_fast_ingress(settings: ServeSettings, files: Path | None = None) -> None:
+    """Ask the Ray Serve started next in this process for ``FAST_INGRESS_ENV`` (variables
+    the caller exported win) and the ingress's ports and limits of ``settings``; with
+    ``files``, HAProxy's configuration and error pages go there (``infergate.serving.ingress``)."""
+    _export_defaults(FAST_INGRESS_ENV)
+    if files is not None:
+        os.environ["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"] = str(files / "haproxy.cfg")
+    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(settings.haproxy_stats_port)
+    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(settings.haproxy_metrics_port)
+    os.environ["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] = str(settings.fallback_proxy_port)
+    os.environ["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] = str(settings.fallback_proxy_grpc_port)
+    os.environ["RAY_SERVE_HAPROXY_MAXCONN"] = str(settings.max_connections)
+    os.environ["RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"] = str(settings.client_idle_timeout_s)
+
+
+def _export_defaults(env: dict[str, str]) -> None:
+    """Set ``env`` for Ray to read at its start; variables the caller exported win."""
+    for name, value in env.items():
+        os.environ.setdefault(name, value)
+
+
+def start_ray(settings: ServeSettings, keep: set[int], ingress_files: Path | None = None) -> None:
+    """Start Ray and Ray Serve here, or with ``settings.external`` join the cluster that
+    ``RAY_ADDRESS`` names (e.g. ``ray://head:10001``), whose Serve is already running.
+
+    The SIGTERM/SIGINT handlers this process had are kept: ``ray.init`` installs C-level
+    ones that end the process before Python can stop what it started, orphaning Ray's own
+    agents. ``keep`` are pids (our other children) that a failed attempt's clean-up must
+    leave alone; ``ingress_files`` is where HAProxy's files go (see ``use_fast_ingress``).
+    """
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _start(settings, keep, ingress_files)
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def _start(settings: ServeSettings, keep: set[int], ingress_files: Path | None) -> None:
+    import ray
+    from ray import serve
+
+    if settings.external:
+        ray.init(logging_level=logging.WARNING, log_to_driver=False)
+        return
+    _export_defaults(WORKER_ENV)
+    if settings.fast_ingress:
+        use_fast_ingress(settings, ingress_files)
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(
+                # A new cluster of our own: without this, Ray joins whatever cluster
+                # `ray start` last left running on this machine (/tmp/ray/ray_current_cluster).
+                address="local",
+                num_cpus=settings.ray_num_cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                _metrics_export_port=settings.metrics_export_port,
+            )
+            break
+        except Exception as exc:
+            # Ray gives up when its GCS or raylet has not come up in time (here: when the
+            # child that was to run it died before its exec, see infergate/__init__.py);
+            # what the attempt left behind is cleaned up before the next one.
+            if attempt == RAY_START_ATTEMPTS or "timed out" not in str(exc).lower():
+                raise
+            log.warning("Ray did not start in time (%s); trying again", exc)
+            ray.shutdown()
+            reap(descendants([os.getpid()]), exclude=keep)
+    serve.start(http_options={"host": settings.host, "port": settings.port})
+    if settings.fast_ingress and ingress_files is not None:
+        write_error_pages(ingress_files)  # before HAProxy's next reload: the app's deploy

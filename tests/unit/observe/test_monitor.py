@@ -1,0 +1,78 @@
+"""Per-version statistics of a replica, with a fake clock and a recording telemetry."""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from infergate.observe.monitor import Monitors
+from infergate.observe.reference import reference_stats
+from infergate.serving.runtime import Prediction, Timings
+from infergate.serving.tokenization import Batch
+from infergate.versions import ServedVersion
+
+LABELS = ["negative", "positive"]
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.drifts: list[dict] = []
+
+    def drift(self, model, version, scores):
+        self.drifts.append(dict(scores))
+
+
+def runtime(reference: dict) -> SimpleNamespace:
+    served = ServedVersion("m", "1", "text-classification", "src")
+    spec = SimpleNamespace(labels=LABELS, task="text-classification")
+    return SimpleNamespace(served=served, spec=spec, reference=reference)
+
+
+def prediction(n: int, positive: float) -> Prediction:
+    probs = np.tile([1 - positive, positive], (n, 1))
+    batch = Batch(np.zeros((n, 4), np.int64), np.ones((n, 4), np.int64), np.full(n, 10),
+                  np.zeros(n), np.zeros(n, bool))  # fmt: skip
+    return Prediction([], batch, probs, Timings(), LABELS)
+
+
+def test_counts_errors_latency_and_classes_per_version():
+    reference = reference_stats("text-classification", np.full(100, 10), np.zeros(100),
+                                np.tile([0.2, 0.8], (100, 1)), LABELS)  # fmt: skip
+    monitors = Monitors(Recorder(), clock=Clock())
+    rt = runtime(reference)
+    monitors.record(rt, 200, 0.004, prediction(3, 0.9))
+    monitors.record(rt, 503, 0.5, None)
+    counters = monitors.counters["m/1"]
+    assert (counters.requests, counters.errors) == (2, 1)
+    assert counters.outputs == [0.0, 1.0]  # one request's classes, however many texts
+    assert counters.window().error_rate == 0.5
+
+
+def test_one_request_of_many_texts_weighs_as_one_in_the_output_shares():
+    monitors = Monitors(Recorder(), clock=Clock())
+    rt = runtime({})
+    for _ in range(99):
+        monitors.record(rt, 200, 0.004, prediction(1, 0.9))  # positive
+    monitors.record(rt, 200, 0.004, prediction(64, 0.1))  # one batch, all negative
+    assert monitors.counters["m/1"].window().output_shares == pytest.approx((0.01, 0.99))
+
+
+def test_drift_is_published_then_marked_stale_when_the_window_drains():
+    reference = reference_stats("text-classification", np.full(100, 10), np.zeros(100),
+                                np.tile([0.2, 0.8], (100, 1)), LABELS)  # fmt: skip
+    clock, recorder = Clock(), Recorder()
+    monitors = Monitors(recorder, clock=clock, publish_interval_s=1.0)
+    rt = runtime(reference)
+    monitors.record(rt, 200, 0.004, prediction(60, 0.1))  # the opposite class: big drift
+    assert recorder.drifts[-1][("predicted_class", "psi")] > 0.25
+    clock.now = 10_000.0  # everything in the window has aged out
+    monitors.record(rt, 200, 0.004, prediction(1, 0.9))
+    assert math.isnan(recorder.drifts[-1][("predicted_class", "psi")])

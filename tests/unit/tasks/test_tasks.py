@@ -1,0 +1,32 @@
+"""The task registry: every task the command line offers has its behaviour, and each
+task's output names and metrics are its own."""
+
+from infergate import tasks
+from infergate.config import TASKS
+from infergate.observe import metrics
+from infergate.triton.repository import OUTPUT_NAMES, TRANSLATION_OUTPUT
+
+
+def test_the_registry_holds_exactly_the_tasks_of_the_command_line():
+    assert tuple(tasks.TASKS) == TASKS
+
+
+def test_each_task_has_its_own_output_and_a_recorded_value_metric():
+    outputs = [task.output_name for task in tasks.TASKS.values()]
+    # translation's output is CTranslate2's token ids, not an ONNX graph's floats
+    assert len(set(outputs)) == len(outputs)
+    assert set(outputs) == {*OUTPUT_NAMES, TRANSLATION_OUTPUT}
+    for task in tasks.TASKS.values():
+        assert task.value_metric in metrics.FRONTEND
+        assert task.category_metric is None or task.category_metric in metrics.FRONTEND
+        per_token = task.time_per_token_metric
+        assert per_token is None or per_token in metrics.FRONTEND
+
+
+def test_an_unknown_task_is_named_in_the_error():
+    try:
+        tasks.get("summarization")
+    except ValueError as error:
+        assert "'summarization' is not supported" in str(error)
+    else:
+        raise AssertionError("no error")
