@@ -1,4 +1,6 @@
-"""The documentation's relative links point at files that exist."""
+"""The documentation's relative links point at files that exist, and the README's links to
+a heading (its own, or a docs page's) name one that exists. Links between docs pages are
+checked by the site's strict build (tests/integration/test_docs_site.py)."""
 
 import re
 from pathlib import Path
@@ -8,15 +10,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [
     ROOT / "README.md",
+    *sorted(ROOT.glob("docs/*.md")),
     *sorted(ROOT.glob("platform/**/README.md")),
     *ROOT.glob("helm/**/README.md"),
 ]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+FENCED = re.compile(r"^```.*?^```", re.M | re.S)
 
 
-def relative_links(doc: Path) -> list[str]:
-    targets = (m.group(1).split("#")[0] for m in LINK.finditer(doc.read_text()))
+def relative_links(doc: Path, anchors: bool = False) -> list[str]:
+    targets = (m.group(1) for m in LINK.finditer(doc.read_text()))
+    if not anchors:
+        targets = (t.split("#")[0] for t in targets)
     return [t for t in targets if t and not re.match(r"[a-z]+:", t)]
+
+
+def heading_anchors(doc: Path) -> set[str]:
+    """The anchors of a Markdown file's headings, as both a forge and MkDocs spell them for
+    plain headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#{1,6} +(.+?) *$", FENCED.sub("", doc.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -24,6 +37,18 @@ def test_relative_links_resolve(doc):
     links = relative_links(doc)
     missing = [link for link in links if not (doc.parent / link).exists()]
     assert not missing, f"{doc.relative_to(ROOT)} links to missing files: {missing}"
+
+
+def test_the_readmes_links_to_headings_find_them():
+    readme = ROOT / "README.md"
+    checked = 0
+    for link in relative_links(readme, anchors=True):
+        path, _, anchor = link.partition("#")
+        if anchor:
+            target = readme.parent / path if path else readme
+            assert anchor in heading_anchors(target), f"README.md: no heading for {link}"
+            checked += 1
+    assert checked  # the README does link to headings
 
 
 def test_the_readme_links_the_benchmark_results():
