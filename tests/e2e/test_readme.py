@@ -7,7 +7,8 @@ Each block runs in a folder of its own where ``.venv`` is this interpreter's env
 and ``path/to/hf-model-folder`` (and ``new-``) are tiny classifiers, with the session
 stack's addresses in place of the default ones. The README's blocks show a fresh
 ``up --demo`` stack (its model lists), so conftest.py runs this module before the other
-e2e modules; its own model, ``reviews``, is left served with no rollout running."""
+e2e modules; the docs pages' own model, ``reviews`` (registered in docs/registration.md,
+rolled out in docs/canary-rollouts.md), is left served with no rollout running."""
 
 from __future__ import annotations
 

@@ -53,3 +53,9 @@ def test_the_readmes_links_to_headings_find_them():
 
 def test_the_readme_links_the_benchmark_results():
     assert "platform/infergate/bench/results/README.md" in relative_links(ROOT / "README.md")
+
+
+def test_the_readme_links_every_docs_page():
+    linked = set(relative_links(ROOT / "README.md"))
+    pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert pages <= linked, f"the README does not link {sorted(pages - linked)}"

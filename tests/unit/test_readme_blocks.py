@@ -56,6 +56,26 @@ def test_what_the_readme_shows_of_a_running_stack_is_run(command):
     assert run, f"no block that runs has {command!r}"
 
 
+@pytest.mark.parametrize(
+    "shown",
+    [
+        "make run",
+        "make test",
+        "/v1/models/sentiment/predict",  # text-classification, infergate's own protocol
+        "/v1/models/embed/predict",  # feature-extraction
+        "/v1/models/rerank/rerank",  # text-ranking
+        "/v1/models/splade/predict",  # sparse-embedding
+        "/v1/models/ner/predict",  # token-classification
+        "/v1/models/translate/predict",  # translation
+        "OpenAI(",  # the OpenAI-compatible embeddings
+        "tritonclient.http",  # the Open Inference Protocol
+    ],
+)
+def test_the_readme_keeps_its_two_commands_and_an_example_of_each_task_and_protocol(shown):
+    """The rest moved to docs/; what a newcomer needs first stays in the README."""
+    assert any(shown in b.code for b in readme_blocks() if b.page == "README.md"), shown
+
+
 def test_every_curl_and_command_block_says_what_it_prints():
     for block in readme_blocks():
         if block.runs and block.language == "bash":
