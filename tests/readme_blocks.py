@@ -1,15 +1,21 @@
-"""The README's fenced code blocks, what each says about itself, and how to compare what a
-block prints with what the README says it prints. Pure: reads text, runs nothing.
+"""The fenced code blocks of the README and of the documentation site's pages, what each
+says about itself, and how to compare what a block prints with what its page says it
+prints. Pure: reads text, runs nothing.
+
+The pages are README.md, then docs/*.md in the order of mkdocs.yml's nav: the order a
+reader meets them, and the order tests/e2e/test_readme.py runs their blocks in (the
+canary rollout's blocks roll out the model the registration page's blocks registered).
 
 Every fenced block has a language, and a ``bash`` or ``python`` block is one of:
 
 - run by ``tests/e2e/test_readme.py`` (the default). What it prints must match what the
-  README says: a ``json`` or ``text`` block right after a ``bash`` block is its output
+  page says: a ``json`` or ``text`` block right after a ``bash`` block is its output
   (none: it prints nothing); in a ``python`` block each ``print(...)`` line ends with a
   ``# comment`` holding what that call prints.
 - marked, by an HTML comment on the line before its fence:
   ``<!-- not run: REASON -->`` (it needs what this machine lacks, say), or
-  ``<!-- checked by tests/PATH.py -->`` (a test there reads the block from the README).
+  ``<!-- checked by tests/PATH.py -->`` (a test there reads the block from its page, and
+  names that page, e.g. ``docs/registration.md``).
 
 A ``text`` block not right after a command block is a diagram or a listing. In expected
 outputs ``...`` stands for any text, and a decimal number for any number within one unit
@@ -23,9 +29,13 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+MKDOCS = ROOT / "mkdocs.yml"
 COMMAND_LANGUAGES = ("bash", "python")
 OUTPUT_LANGUAGES = ("json", "text")
 FENCE = re.compile(r"^```(.*)$")
@@ -42,6 +52,7 @@ class Block:
     code: str
     marker: tuple[str, str] | None = None  # ("not run", reason) or ("checked by", path)
     output: Block | None = None  # the output block right after a command block
+    page: str = "README.md"  # the file it is in, relative to the repository
 
     @property
     def runs(self) -> bool:
@@ -56,12 +67,31 @@ class Block:
             for word in first.split()
             if not word.startswith("-") and not re.match(r"[A-Z_]+=", word)
         ]
-        return f"L{self.line}-" + re.sub(r"[^\w.]+", "-", " ".join(words[:3])).strip("-")
+        words_id = re.sub(r"[^\w.]+", "-", " ".join(words[:3])).strip("-")
+        return f"{Path(self.page).stem}-L{self.line}-{words_id}"
 
 
-def read_blocks(text: str) -> tuple[list[Block], list[str]]:
-    """Every fenced block of a Markdown ``text``, each output block attached to the command
-    block before it, and the problems found (a block that is neither run nor marked, ...)."""
+def pages() -> list[Path]:
+    """README.md, then the site's pages in the order of mkdocs.yml's nav."""
+    site = yaml.safe_load(MKDOCS.read_text())
+    docs = ROOT / site.get("docs_dir", "docs")
+    return [README, *(docs / name for name in _nav_files(site["nav"]))]
+
+
+def _nav_files(nav: list[Any]) -> list[str]:
+    """The files of a nav, in order: entries are ``file``, ``{title: file}`` or
+    ``{title: [entries]}``."""
+    files: list[str] = []
+    for entry in nav:
+        for item in entry.values() if isinstance(entry, dict) else [entry]:
+            files.extend(_nav_files(item) if isinstance(item, list) else [item])
+    return files
+
+
+def read_blocks(text: str, page: str = "README.md") -> tuple[list[Block], list[str]]:
+    """Every fenced block of a Markdown ``text`` (the file ``page``), each output block
+    attached to the command block before it, and the problems found (a block that is
+    neither run nor marked, ...)."""
     lines = text.splitlines()
     raw: list[tuple[int, str, str, str | None, int]] = []  # line, language, code, marker, end
     problems: list[str] = []
@@ -115,13 +145,13 @@ def read_blocks(text: str) -> tuple[list[Block], list[str]]:
         )
         if is_output and previous is not None:  # (a marker's line would part the two)
             blocks[-1] = Block(previous.line, previous.language, previous.code, previous.marker,
-                               Block(line, language, code))  # fmt: skip
+                               Block(line, language, code, page=page), page)  # fmt: skip
             continue
         if language == "json":
             problems.append(f"{where}: a json block that is no command's output")
         if language in OUTPUT_LANGUAGES and marker is not None:
             problems.append(f"{where}: a {language} block runs nothing; it needs no marker")
-        blocks.append(Block(line, language, code, marker))
+        blocks.append(Block(line, language, code, marker, page=page))
     for block in blocks:
         problems.extend(_command_problems(block))
     return blocks, problems
@@ -134,8 +164,8 @@ def _command_problems(block: Block) -> list[str]:
         path = ROOT / block.marker[1].split()[0]
         if not path.is_file():
             problems.append(f"{where}: checked by {block.marker[1]}, which is not a file")
-        elif "README.md" not in path.read_text():
-            problems.append(f"{where}: {block.marker[1]} does not read the README")
+        elif block.page not in path.read_text():
+            problems.append(f"{where}: {block.marker[1]} does not read {block.page}")
     if block.runs and block.language == "python":
         if block.output is not None:
             problems.append(f"{where}: say what a python block prints in its print lines")
@@ -153,11 +183,16 @@ def printed_comments(code: str) -> list[str]:
     return [found.group(1) or "" for line in code.splitlines() if (found := PRINT.match(line))]
 
 
-def readme_blocks(path: Path = README) -> list[Block]:
-    """The README's blocks; raises when it has problems (the unit test lists them)."""
-    blocks, problems = read_blocks(path.read_text())
-    if problems:
-        raise ValueError("README.md: " + "; ".join(problems))
+def readme_blocks() -> list[Block]:
+    """The blocks of every page (README.md, then the site's pages in its nav's order); raises
+    when a page has problems (the unit test lists them)."""
+    blocks: list[Block] = []
+    for path in pages():
+        page = str(path.relative_to(ROOT))
+        found, problems = read_blocks(path.read_text(), page)
+        if problems:
+            raise ValueError(f"{page}: " + "; ".join(problems))
+        blocks.extend(found)
     return blocks
 
 
@@ -205,5 +240,5 @@ def output_mismatch(expected: str, actual: str) -> str | None:
     for written, got in zip(decimals, found.groups(), strict=True):
         unit = 10.0 ** -len(written.split(".")[1])
         if not math.isclose(float(got), float(written), abs_tol=unit * 1.0001):
-            return f"{got} where the README says {written}\ngot:\n{actual.strip()}"
+            return f"{got} where the page says {written}\ngot:\n{actual.strip()}"
     return None

@@ -5,7 +5,7 @@ any answer from a version that should not have answered.
 
 Short by default (`make test`); FAULT_SUITE_LOAD_S=60 makes every load phase longer.
 The figures land in FAULTS.md under the test's folder and in the test's output; the
-README's table is one such run."""
+table of docs/reliability.md is one such run."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def kill(pids: list[int], sig: int = signal.SIGKILL) -> None:
         os.kill(pid, sig)
 
 
-SOAK_S = float(os.environ.get("SOAK_S", "60"))  # 600 for the soak the README reports
+SOAK_S = float(os.environ.get("SOAK_S", "60"))  # 600 for the soak docs/reliability.md reports
 COMPONENTS = {  # command-line markers of the stack's processes
     "Triton (server and Python-backend stubs)": ("tritonserver", "triton_python_backend_stub"),
     "front-end replicas": (REPLICA,),

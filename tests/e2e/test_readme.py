@@ -1,12 +1,14 @@
-"""The README's code blocks, run in its order against the session stack, as a reader would
-type them; what each prints is compared with what the README says it prints
+"""The code blocks of the README and of the docs pages, run against the session stack in
+the order a reader meets them (README.md, then the pages in mkdocs.yml's nav), as a reader
+would type them; what each prints is compared with what its page says it prints
 (tests/readme_blocks.py says how blocks and expected outputs are read).
 
 Each block runs in a folder of its own where ``.venv`` is this interpreter's environment
 and ``path/to/hf-model-folder`` (and ``new-``) are tiny classifiers, with the session
 stack's addresses in place of the default ones. The README's blocks show a fresh
 ``up --demo`` stack (its model lists), so conftest.py runs this module before the other
-e2e modules; its own model, ``reviews``, is left served with no rollout running."""
+e2e modules; the docs pages' own model, ``reviews`` (registered in docs/registration.md,
+rolled out in docs/canary-rollouts.md), is left served with no rollout running."""
 
 from __future__ import annotations
 
@@ -98,11 +100,11 @@ def run_bash(block: Block, stack: Stack, folder: Path) -> None:
             printed.append(done.stdout.rstrip("\n"))
     expected = at_the_stack(block.output.code, stack) if block.output else ""
     mismatch = output_mismatch(expected, "\n".join(printed))
-    assert mismatch is None, f"README.md line {block.line}: {mismatch}"
+    assert mismatch is None, f"{block.page} line {block.line}: {mismatch}"
 
 
 def run_python(block: Block, stack: Stack, folder: Path) -> None:
-    script = folder / f"readme_line_{block.line}.py"
+    script = folder / f"{Path(block.page).stem}_line_{block.line}.py"
     script.write_text(at_the_stack(block.code, stack))
     done = subprocess.run(
         [sys.executable, "-c", PRINT_HOOK, str(script)],
@@ -114,4 +116,4 @@ def run_python(block: Block, stack: Stack, folder: Path) -> None:
     assert after_the_last == "" and len(calls) == len(expected), (expected, done.stdout)
     for said, printed in zip(expected, calls, strict=True):
         mismatch = output_mismatch(at_the_stack(said, stack), printed)
-        assert mismatch is None, f"README.md line {block.line}: {mismatch}"
+        assert mismatch is None, f"{block.page} line {block.line}: {mismatch}"

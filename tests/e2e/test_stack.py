@@ -166,8 +166,8 @@ def test_registered_champion_goes_live(stack, http, tmp_path):
 
 
 def test_the_demo_models_record_the_quality_of_the_setting_they_kept(stack):
-    """The README's table: on the demo's reference texts dynamic int8 keeps the sentiment
-    labels but not the embeddings' neighbours, so `embed` is served blockwise."""
+    """The table of docs/registration.md: on the demo's reference texts dynamic int8 keeps the
+    sentiment labels but not the embeddings' neighbours, so `embed` is served blockwise."""
     client = MlflowClient(stack.mlflow)
     embed = client.get_model_version_by_alias("embed", "champion")
     assert embed.tags["infergate.quantisation"] == "int8-blockwise"

@@ -338,7 +338,7 @@ def test_the_command_that_makes_the_first_key_is_documented_and_checked(compose)
         line for line in COMPOSE_FILE.read_text().splitlines(True) if line.startswith("#")
     )
     assert create in one_line(header)
-    assert create in one_line((PROJECT_ROOT / "README.md").read_text())
+    assert create in one_line((PROJECT_ROOT / "docs/beyond-one-machine.md").read_text())
     # The Ray head refuses to start without the file, saying how to make it.
     ray_head = compose["services"]["ray-head"]
     script = ray_head["command"][-1]

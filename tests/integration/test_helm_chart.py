@@ -165,9 +165,10 @@ def test_chart_lints_without_warnings(scenario):
     assert not report["errors"] and not problems, report
 
 
-def readme_helm_install() -> tuple[list[str], dict[str, Any]]:
-    """The README's `helm install` command: its words, and the values its --set flags give."""
-    text = (PROJECT_ROOT / "README.md").read_text()
+def documented_helm_install() -> tuple[list[str], dict[str, Any]]:
+    """The `helm install` command of docs/beyond-one-machine.md: its words, and the values its
+    --set flags give."""
+    text = (PROJECT_ROOT / "docs/beyond-one-machine.md").read_text()
     (command,) = re.findall(r"^helm install .*?(?<!\\)$", text, flags=re.M | re.S)
     words = shlex.split(command.replace("\\\n", " "))
     values: dict[str, Any] = {}
@@ -181,8 +182,8 @@ def readme_helm_install() -> tuple[list[str], dict[str, Any]]:
     return words, values
 
 
-def test_the_readmes_helm_install_renders_a_valid_release():
-    words, values = readme_helm_install()
+def test_the_documented_helm_install_renders_a_valid_release():
+    words, values = documented_helm_install()
     assert words[:4] == ["helm", "install", "infergate", "helm/infergate"]
     assert words[words.index("--namespace") + 1] == NAMESPACE
     manifests = render(values)
@@ -191,14 +192,14 @@ def test_the_readmes_helm_install_renders_a_valid_release():
             kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
     image = container(find(manifests, "Deployment", named("control-plane")))["image"]
     assert image.startswith(values["image"]["repository"] + ":")
-    # The README names the Secret holding the generated API key of its release.
+    # The page names the Secret holding the generated API key of its release.
     secrets = [
         m for m in _manifests(render_files(values, release=words[2])) if m["kind"] == "Secret"
     ]
     (secret,) = [
         m["metadata"]["name"] for m in secrets if m["metadata"]["name"].endswith("-api-keys")
     ]
-    assert f"`{secret}`" in (PROJECT_ROOT / "README.md").read_text()
+    assert f"`{secret}`" in (PROJECT_ROOT / "docs/beyond-one-machine.md").read_text()
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

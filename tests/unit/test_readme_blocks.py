@@ -1,22 +1,32 @@
-"""Every README code block is run by tests/e2e/test_readme.py or marked with a reason, and
-expected outputs are compared as tests/readme_blocks.py says."""
+"""Every code block of the README and of the docs pages is run by tests/e2e/test_readme.py
+or marked with a reason, and expected outputs are compared as tests/readme_blocks.py says."""
 
 import pytest
 
 from readme_blocks import (
     README,
+    ROOT,
     bash_commands,
     output_mismatch,
+    pages,
     printed_comments,
     read_blocks,
     readme_blocks,
 )
 
 
-def test_every_readme_block_is_run_or_marked_with_a_reason():
-    blocks, problems = read_blocks(README.read_text())
+@pytest.mark.parametrize("path", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_block_is_run_or_marked_with_a_reason(path):
+    blocks, problems = read_blocks(path.read_text(), str(path.relative_to(ROOT)))
     assert problems == []
     assert all(b.runs or b.marker or b.language == "text" for b in blocks)
+
+
+def test_the_pages_are_the_readme_and_every_docs_page_in_the_sites_nav():
+    """A page left out of mkdocs.yml's nav would have its blocks neither run nor checked."""
+    found = pages()
+    assert found[0] == README and len(set(found)) == len(found)
+    assert sorted(found[1:]) == sorted((ROOT / "docs").glob("*.md"))
 
 
 @pytest.mark.parametrize(
@@ -46,10 +56,30 @@ def test_what_the_readme_shows_of_a_running_stack_is_run(command):
     assert run, f"no block that runs has {command!r}"
 
 
+@pytest.mark.parametrize(
+    "shown",
+    [
+        "make run",
+        "make test",
+        "/v1/models/sentiment/predict",  # text-classification, infergate's own protocol
+        "/v1/models/embed/predict",  # feature-extraction
+        "/v1/models/rerank/rerank",  # text-ranking
+        "/v1/models/splade/predict",  # sparse-embedding
+        "/v1/models/ner/predict",  # token-classification
+        "/v1/models/translate/predict",  # translation
+        "OpenAI(",  # the OpenAI-compatible embeddings
+        "tritonclient.http",  # the Open Inference Protocol
+    ],
+)
+def test_the_readme_keeps_its_two_commands_and_an_example_of_each_task_and_protocol(shown):
+    """The rest moved to docs/; what a newcomer needs first stays in the README."""
+    assert any(shown in b.code for b in readme_blocks() if b.page == "README.md"), shown
+
+
 def test_every_curl_and_command_block_says_what_it_prints():
     for block in readme_blocks():
         if block.runs and block.language == "bash":
-            assert block.output is not None, f"README.md line {block.line} shows no output"
+            assert block.output is not None, f"{block.page} line {block.line} shows no output"
 
 
 SAMPLE = """\
@@ -107,7 +137,7 @@ def test_blocks_outputs_and_markers_are_read():
         ("<!-- skip: slow -->\n```bash\nls\n```\n", "is not '<!-- not run: REASON -->'"),
         ("<!-- checked by tests/nowhere.py -->\n```bash\nls\n```\n", "which is not a file"),
         ("<!-- checked by tests/unit/test_http.py -->\n```bash\nls\n```\n",
-         "does not read the README"),
+         "does not read README.md"),
         ("Prose.\n\n```json\n{}\n```\n", "no command's output"),
         ("```python\nx = 1\nprint(x)\n```\n", "line 3: say what it prints"),
         ("```python\nprint(x)  # 1\n```\n\n```text\n1\n```\n", "in its print lines"),

@@ -16,7 +16,7 @@ at that limit (CTranslate2 does not force one; transformers would replace the la
 
 Measured on the tiny random Marian of the tests (2 layers, d_model 32; seed 0): fp32
 exact match 1.0 and chrF 100; int8 diverges on near-ties of random weights (figures in
-the README).
+docs/tasks.md).
 """
 
 from __future__ import annotations
