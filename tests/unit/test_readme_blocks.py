@@ -136,7 +136,7 @@ def test_blocks_outputs_and_markers_are_read():
         ("<!-- not run:   -->\n```bash\nls\n```\n", "is not '<!-- not run: REASON -->'"),
         ("<!-- skip: slow -->\n```bash\nls\n```\n", "is not '<!-- not run: REASON -->'"),
         ("<!-- checked by tests/nowhere.py -->\n```bash\nls\n```\n", "which is not a file"),
-        ("<!-- checked by tests/unit/test_http.py -->\n```bash\nls\n```\n",
+        ("<!-- checked by tests/unit/protocols/test_http.py -->\n```bash\nls\n```\n",
          "does not read README.md"),
         ("Prose.\n\n```json\n{}\n```\n", "no command's output"),
         ("```python\nx = 1\nprint(x)\n```\n", "line 3: say what it prints"),
