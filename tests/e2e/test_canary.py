@@ -194,8 +194,9 @@ def test_a_canary_that_cannot_load_is_rolled_back_while_the_champion_answers(
 def test_automatic_rollout_advances_and_promotes(stack, http, registry, tmp_path):
     client = MlflowClient(stack.mlflow)
     # The canary is a copy of the champion, so every gate should pass. The latency gate
-    # fails an equal version in about 1 % of steps by chance (tests/unit/control/test_rollout_policy.py
-    # has its own tests); a 50 ms margin keeps this test from being that 1 %.
+    # fails an equal version in about 1 % of steps by chance
+    # (tests/unit/control/test_rollout_policy.py has its own tests); a 50 ms margin keeps
+    # this test from being that 1 %.
     policy = {
         "steps": "50,100", "step_interval_s": "2", "min_requests": "30",
         "latency_margin_ms": "50",

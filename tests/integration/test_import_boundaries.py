@@ -12,10 +12,10 @@ without being named anywhere.
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from infergate.config import PROJECT_ROOT
 
@@ -79,8 +79,9 @@ def test_the_control_plane_imports_no_protocol():
     assert imported_after(control, ("infergate.protocols",)) == []
 
 
-def test_loading_a_version_imports_no_protocol_and_no_http():
-    assert imported_after(["infergate.serving.loader"], ("infergate.protocols", "starlette")) == []
+@pytest.mark.parametrize("module", ["infergate.serving.loader", "infergate.serving.inference"])
+def test_loading_a_version_and_the_inference_path_import_no_protocol_and_no_http(module):
+    assert imported_after([module], ("infergate.protocols", "starlette")) == []
 
 
 @pytest.mark.parametrize("adapter, package", [

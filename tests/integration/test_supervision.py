@@ -10,9 +10,9 @@ import pytest
 
 from infergate.config import load_config
 from infergate.errors import StackError
+from infergate.stack import supervisor as stack_module
 from infergate.stack.processes import Child, live_pids, spawn, stat_fields
 from infergate.stack.supervisor import RESTART_LIMIT, Stack
-from infergate.stack import supervisor as stack_module
 
 
 def exited_child(tmp_path) -> Child:

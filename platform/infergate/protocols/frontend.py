@@ -2,35 +2,28 @@
 
 ``Frontend.handle`` takes a Starlette request and returns a response. A replica
 (``infergate.serving.replica``) builds one per traffic table, and the Ray Serve deployment
-(``infergate.serve_app``) only hosts that replica. Every error becomes one JSON shape,
-``{"error": ..., "type": ...}``, with the status its class carries (``infergate.http``).
+(``infergate.serve_app``) only hosts that replica. The handlers here only adapt: they read
+and parse a body, hand plain values to the inference path
+(``infergate.serving.inference``), and render its prediction in their protocol. Every
+error becomes one JSON shape, ``{"error": ..., "type": ...}``, with the status its class
+carries (``infergate.http``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from collections.abc import Awaitable, Callable
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from infergate.config import FrontendSettings
-from infergate.errors import (
-    BackendUnavailable,
-    ClientClosedRequest,
-    Forbidden,
-    InfergateError,
-    ModelNotFound,
-    Overloaded,
-    RateLimited,
-)
+from infergate.errors import InfergateError
 from infergate.http import SlowUploads, answer, error_response, json_response, read_body
 from infergate.observe.metrics import TOTAL
 from infergate.observe.monitor import Monitors
-from infergate.observe.telemetry import NullTelemetry, Telemetry
+from infergate.observe.telemetry import Telemetry
 from infergate.protocols import kserve_v2, openai_api
 from infergate.protocols import rerank as rerank_api
 from infergate.protocols.openapi import openapi_document
@@ -46,16 +39,9 @@ from infergate.protocols.wire import (
 )
 from infergate.serving.access import OPEN, Access, Caller
 from infergate.serving.batching import Backend
+from infergate.serving.inference import InferencePath, Probe
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import ModelRuntime, Prediction
-
-log = logging.getLogger(__name__)
-READINESS_CACHE_S = 1.0
-UNKNOWN_MODEL_LABEL = "_unknown"
-# Status recorded for a request whose client went away before the answer (nginx's 499);
-# no response is sent.
-CLIENT_CLOSED_REQUEST = ClientClosedRequest.status
-REFUSALS = (Forbidden.status, RateLimited.status)  # logged with the API key's id
 
 
 class Frontend:
@@ -66,7 +52,7 @@ class Frontend:
         settings: FrontendSettings,
         backend: Backend,
         models: dict[str, ServedModel],
-        readiness_probe: Callable[[ModelRuntime], Awaitable[bool]] | None = None,
+        readiness_probe: Probe | None = None,
         telemetry: Telemetry | None = None,
         monitors: Monitors | None = None,
         has_table: bool = True,
@@ -75,28 +61,25 @@ class Frontend:
         access: Access | None = None,
         uploads: SlowUploads | None = None,
     ) -> None:
-        """``has_table`` False: the control plane's traffic table has not arrived yet, so
-        ``models`` is empty for now rather than for good. ``loading``: models of the table
-        this replica cannot serve yet (it tries again); ``missing``: the versions of the
-        table it could not load, as ``name vN``. ``access`` (API keys and their limits)
-        and ``uploads`` (slow bodies) outlive a table, so the replica keeps them."""
+        """The models and the rest of the inference path are
+        :class:`~infergate.serving.inference.InferencePath`'s (see there).
+        ``uploads`` (slow bodies) outlive a table, so the replica keeps them."""
         self.settings = settings
-        self.has_table = has_table
-        self.loading = loading
-        self.missing = missing
-        self.backend = backend
-        self.models = models
+        self.path = InferencePath(
+            backend, models, access=access, telemetry=telemetry, monitors=monitors,
+            readiness_probe=readiness_probe, has_table=has_table, loading=loading,
+            missing=missing,
+        )  # fmt: skip
+        self.models = self.path.models
+        self.monitors = self.path.monitors
+        self.missing = self.path.missing
+        self.access = self.path.access
         self.limits = Limits(
             max_body_bytes=settings.max_body_bytes,
             max_texts=settings.max_texts_per_request,
             max_chars_per_text=settings.max_chars_per_text,
         )
-        self.access = access or Access(None)
         self.uploads = uploads or SlowUploads(settings.max_slow_uploads)
-        self._probe = readiness_probe or self._answers
-        self.telemetry = telemetry or NullTelemetry()
-        self.monitors = monitors or Monitors(self.telemetry)
-        self._ready_at = 0.0
         # Requests inside handle(): a replica that switches to a new front-end waits for
         # the old one's, which may still pick a version the new table left.
         self.in_flight = 0
@@ -193,12 +176,7 @@ class Frontend:
         self, request: Request, name: str, version: str | None = None
     ) -> Response:
         """Ready: the version named, or every version of the model, answers a request."""
-        model = self.model_for(request, name)
-        runtimes = (model.pick(pinned=version),) if version is not None else model.versions
-        answers = await asyncio.gather(*(self._probe(r) for r in runtimes))
-        failing = [r.served.version for r, ok in zip(runtimes, answers, strict=True) if not ok]
-        if failing:
-            raise BackendUnavailable(f"model {name!r} is not ready: version(s) {failing}")
+        await self.path.model_ready(self.model_for(request, name), version)
         return json_response({"name": name, "ready": True})
 
     async def _v2_ready(self, request: Request) -> Response:
@@ -211,34 +189,13 @@ class Frontend:
     async def _v2_server_metadata(self, request: Request) -> Response:
         return json_response(kserve_v2.server_metadata())
 
-    def _model(self, name: str) -> ServedModel:
-        model = self.models.get(name)
-        if model is None and not self.has_table:
-            # A replica that has not received its traffic table yet: the model may well
-            # be served a moment later, so this is no 404.
-            raise BackendUnavailable("the front-end is still starting; retry shortly")
-        if model is None and name in self.loading:
-            raise BackendUnavailable(f"model {name!r} is still loading; retry shortly")
-        if model is None:
-            known = ", ".join(sorted(self.models)) or "none yet"
-            raise ModelNotFound(f"model {name!r} is not served; served models: {known}")
-        return model
-
     def model_for(self, request: Request, name: str) -> ServedModel:
         """The served model ``name``, if the request's API key may use it."""
-        _caller(request).check_model(name)
-        return self._model(name)
+        return self.path.model_for(_caller(request), name)
 
     def visible(self, request: Request) -> list[ServedModel]:
         """The served models the request's API key may use."""
-        key = _caller(request).key
-        return [m for m in self.models.values() if key is None or key.may_use(m.name)]
-
-    def _label(self, name: str | None) -> str:
-        # Unknown names share one label value so a scan of made-up names cannot blow up
-        # the metrics' cardinality.
-        known = name is not None and (name in self.models or name in self.loading)
-        return name if known and name is not None else UNKNOWN_MODEL_LABEL
+        return self.path.visible(_caller(request))
 
     async def serve_inference(
         self,
@@ -255,15 +212,12 @@ class Frontend:
         protocol's JSON (or a whole response). ``version`` pins a version (else
         ``x-model-version`` may); ``check`` may refuse the version picked before it runs;
         ``accept`` refuses the content types the protocol does not read. Every protocol
-        shares the access control, the routing, the metrics and the canary's counters."""
-        start = time.perf_counter()
-        status, served_version, prediction = 500, "", None
-        runtime: ModelRuntime | None = None
-        label = self._label(name)
+        shares the access control, the routing, the metrics and the canary's counters:
+        the inference path's."""
         caller = _caller(request)
-        try:
+        with self.path.call(caller, name) as call:
             # A model named by the path is looked up (and refused) before the body is read.
-            model = self.model_for(request, name) if name is not None else None
+            model = self.path.model_for(caller, name) if name is not None else None
             accept(request.headers.get("content-type"))
             body = await read_body(
                 request,
@@ -273,65 +227,22 @@ class Frontend:
             )
             parsed = parse(body, self.limits)
             if model is None:  # the body names it (OpenAI's, TEI's)
-                name = parsed.model
-                label = self._label(name)
-                model = self.model_for(request, name or "")
-            self.access.admit(caller, len(parsed.texts))
-            pinned = version or request.headers.get("x-model-version")
-            runtime = model.pick(request.headers.get("x-routing-key"), pinned)
-            served_version = runtime.served.version
-            if check is not None:
-                check(parsed, runtime)
-            prediction = await runtime.predict(parsed.texts, parsed.parameters, self.backend)
+                model = self.path.named(call, parsed.model)
+            prediction = await self.path.infer(
+                call, model, parsed.texts, parsed.parameters,
+                routing_key=request.headers.get("x-routing-key"),
+                pinned=version or request.headers.get("x-model-version"),
+                check=functools.partial(check, parsed) if check is not None else None,
+            )  # fmt: skip
+            runtime = call.runtime
+            assert runtime is not None
             rendered = render(Answer(model, runtime, prediction, parsed))
             response = rendered if isinstance(rendered, Response) else json_response(rendered)
-            total_s = time.perf_counter() - start
-            response.headers.update(_timing_headers(prediction, total_s, runtime))
-            status = 200
+            response.headers.update(_timing_headers(prediction, call.elapsed_s(), runtime))
             return response
-        except InfergateError as error:
-            status = error.status
-            raise
-        except asyncio.CancelledError:
-            status = CLIENT_CLOSED_REQUEST
-            raise
-        finally:
-            seconds = time.perf_counter() - start
-            self.telemetry.request(label, served_version, status, prediction, seconds)
-            if caller.key is not None:
-                self.telemetry.caller(caller.id, label, status)
-                if status in REFUSALS:  # the key's id, never the key (rate-limited: replica_logs)
-                    log.info("key %s refused on model %s: %s", caller.id, label, status)
-            # A request shed for load was never the version's to answer: the canary's
-            # analysis must not count it, as an error or as a (short) latency.
-            if runtime is not None and status != Overloaded.status:
-                # A 499 is no error of the version's, but its wait is a latency of at least
-                # ``seconds``: a canary that hangs until clients give up still gets judged.
-                self.monitors.record(runtime, status, seconds, prediction)
 
     async def _readyz(self, request: Request) -> Response:
-        runtimes = [r for m in self.models.values() for r in m.versions]
-        if not runtimes:
-            raise BackendUnavailable("no model is served yet")
-        if self.missing:
-            raise BackendUnavailable(f"not ready: not loaded yet: {', '.join(self.missing)}")
-        now = time.monotonic()
-        if now - self._ready_at > READINESS_CACHE_S:
-            answers = await asyncio.gather(*(self._probe(r) for r in runtimes))
-            failing = [r.triton_model for r, ok in zip(runtimes, answers, strict=True) if not ok]
-            if failing:
-                raise BackendUnavailable(f"not ready: {', '.join(failing)}")
-            self._ready_at = now
-        return json_response({"status": "ready", "models": sorted(self.models)})
-
-    async def _answers(self, runtime: ModelRuntime) -> bool:
-        """Ready means loaded in Triton and answering a real request."""
-        try:
-            probe = dict(runtime.task.probe_parameters)
-            await runtime.predict(["readiness probe"], probe, self.backend)
-        except InfergateError:
-            return False
-        return True
+        return json_response({"status": "ready", "models": await self.path.ready()})
 
 
 def _caller(request: Request) -> Caller:

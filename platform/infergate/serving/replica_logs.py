@@ -15,7 +15,7 @@ from collections.abc import Callable
 REPEAT_WINDOW_S = 10.0  # a per-request warning of one kind is logged once per this
 # The loggers that write a line per failed request: while Triton is down, every request
 # fails, and a thousand lines a second would bury everything else.
-REPEATING_LOGGERS = ("infergate.protocols.frontend", "infergate.http", "infergate.triton.client")
+REPEATING_LOGGERS = ("infergate.serving.inference", "infergate.http", "infergate.triton.client")
 _DIGITS = re.compile(r"\d+")
 
 

@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from infergate.config import FrontendSettings
-from infergate.protocols.frontend import CLIENT_CLOSED_REQUEST, Frontend
+from infergate.protocols.frontend import Frontend
+from infergate.serving.inference import CLIENT_CLOSED_REQUEST
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import drain
 from infergate.versions import ServedVersion

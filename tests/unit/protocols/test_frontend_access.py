@@ -95,7 +95,7 @@ def test_inference_and_model_listing_want_a_key_probes_do_not(tmp_path):
 
 
 def test_a_key_sees_and_calls_only_its_models(tmp_path, caplog):
-    caplog.set_level("INFO", logger="infergate.protocols.frontend")
+    caplog.set_level("INFO", logger="infergate.serving.inference")
     recorder = Recorder()
     client, scoped, anything = with_keys(tmp_path, recorder)
     mine = {"x-api-key": scoped}

@@ -98,12 +98,12 @@ def test_a_version_a_replica_cannot_load_leaves_the_rest_of_its_table_serving(
         "c": ["3"],
     }  # a's canary share goes to its champion: pick() draws by the weights present
     with pytest.raises(BackendUnavailable, match="'b' is still loading"):
-        frontend._model("b")
+        frontend.path.model("b")
     # Its canary alone would take all of d's traffic on this replica.
     with pytest.raises(BackendUnavailable, match="'d' is still loading"):
-        frontend._model("d")
+        frontend.path.model("d")
     with pytest.raises(ModelNotFound):
-        frontend._model("nope")
+        frontend.path.model("nope")
     # Tried again later (the store answers by then); loaded versions are not loaded again.
     assert replica.unloadable == {("a", "2"), ("b", "7"), ("d", "8")}
     assert frontend.missing == ("a v2", "b v7", "d v8")  # /readyz names them
@@ -138,7 +138,7 @@ def test_a_version_being_reloaded_answers_nothing_until_its_new_files_arrive(mon
     assert loads == []  # neither the first files nor anything else is loaded for them
     assert [r.served.version for r in replica.frontend.models["a"].versions] == ["1"]
     with pytest.raises(BackendUnavailable, match="'b' is still loading"):
-        replica.frontend._model("b")
+        replica.frontend.path.model("b")
     assert set(replica.loaded) == {("a", "1")} and replica.frontend.missing == ()
     again = [table[0], replace(table[1], source="src/a2-again"), replace(table[2], source="b")]
     replica.apply(again, 3)

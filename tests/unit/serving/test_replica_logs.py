@@ -18,7 +18,7 @@ def test_infergate_records_reach_the_replica_log_file_unbuffered(tmp_path):
     try:
         replica_logs.log_to_replica_file()
         replica_logs.log_to_replica_file()  # a second replica in the same process adds nothing
-        logging.getLogger("infergate.protocols.frontend").info("table 3: ['a v1']")
+        logging.getLogger("infergate.serving.replica").info("table 3: ['a v1']")
         assert path.read_text() == "table 3: ['a v1']\n"
         for name in REPEATING_LOGGERS:
             filters = logging.getLogger(name).filters
