@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import socket
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +27,8 @@ from infergate.triton.repository import WARMUP_COUNT, remove_model, write_model
 from infergate.versions import triton_model_name
 
 if TYPE_CHECKING:  # conftest is not importable as a module; only its fixtures are used
+    from collections.abc import Iterator
+
     from conftest import RunningTriton
 
 pytestmark = pytest.mark.e2e
@@ -255,6 +260,22 @@ def test_unknown_or_unloaded_model_is_unavailable(
     assert model not in control.loaded_models()
 
 
+@contextmanager
+def frozen(triton: RunningTriton) -> Iterator[None]:
+    """Triton stopped (SIGSTOP) until the block ends, so no answer can beat any deadline.
+
+    A tiny deadline alone is no proof of lateness: gRPC rounds a call's deadline up to
+    the next whole millisecond (``Timestamp::FromTimespecRoundUp`` in
+    ``grpc_channel_create_call``), and a local Triton answers this model in about 1 ms, so
+    a deadline of a microsecond can be met.
+    """
+    os.kill(triton.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(triton.process.pid, signal.SIGCONT)
+
+
 def test_an_unreachable_server_is_unavailable_and_a_late_answer_a_timeout(
     triton_server: RunningTriton, control: TritonControl, onnx_files: dict[str, Path]
 ) -> None:
@@ -266,19 +287,21 @@ def test_an_unreachable_server_is_unavailable_and_a_late_answer_a_timeout(
             sock.bind(("127.0.0.1", 0))
             closed_port = sock.getsockname()[1]
         nowhere = TritonBackend(f"127.0.0.1:{closed_port}", timeout_s=2)
-        hurried = TritonBackend(triton_server.settings.grpc_url, timeout_s=1e-6)
+        stalled = TritonBackend(triton_server.settings.grpc_url, timeout_s=1)
         try:
             assert not await nowhere.server_ready()
             assert not await nowhere.is_model_ready(model)
             with pytest.raises(BackendUnavailable) as unreachable:
                 await nowhere.infer(model, ids, mask, "embeddings")
             assert unreachable.value.status == 503 and model not in str(unreachable.value)
-            with pytest.raises(BackendTimeout) as late:
-                await hurried.infer(model, ids, mask, "embeddings")
-            assert late.value.status == 504 and "did not answer within" in str(late.value)
+            assert (await stalled.infer(model, ids, mask, "embeddings")).shape == (1, HIDDEN)
+            # A deadline that did not apply would wait for the frozen server forever.
+            with frozen(triton_server), pytest.raises(BackendTimeout) as late:
+                await asyncio.wait_for(stalled.infer(model, ids, mask, "embeddings"), 30)
+            assert late.value.status == 504 and "did not answer within 1 s" in str(late.value)
         finally:
             await nowhere.close()
-            await hurried.close()
+            await stalled.close()
 
     asyncio.run(check())
 
