@@ -1,10 +1,10 @@
 """How to run the real ``tritonserver`` that the ``nvidia-pytriton`` wheel ships.
 
 This module only builds paths, a command line and an environment; starting, watching and
-stopping the process belongs to the stack supervisor. The wheel's layout and the three
-things the binary needs (its bundled libraries, the Python-backend stub next to
-``libtriton_python.so``, the venv's ``bin`` first on ``PATH``) are recorded in
-``/work/shared/FACTS.md`` and mirror what pytriton's own ``server/triton_server.py`` does.
+stopping the process belongs to the stack supervisor. The binary needs three things from
+the wheel's layout: its bundled libraries on ``LD_LIBRARY_PATH``, the Python-backend stub
+next to ``libtriton_python.so``, and the venv's ``bin`` first on ``PATH``; pytriton's own
+``server/triton_server.py`` starts it the same way.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def server_environment(
     ``LD_LIBRARY_PATH`` and this venv's ``bin`` first on ``PATH``.
 
     The Python-backend stub finds its interpreter's packages (numpy, onnxruntime) through
-    ``PATH``; ``PYTHONPATH`` alone did not reach it (FACTS.md).
+    ``PATH``; ``PYTHONPATH`` alone did not reach it.
     """
     install = install or find_tritonserver()
     env = dict(base)
