@@ -24,9 +24,8 @@ from infergate.http import SlowUploads, answer, error_response, json_response, r
 from infergate.observe.metrics import TOTAL
 from infergate.observe.monitor import Monitors
 from infergate.observe.telemetry import Telemetry
-from infergate.protocols import kserve_v2, openai_api
+from infergate.protocols import kserve_v2, openai_api, openapi
 from infergate.protocols import rerank as rerank_api
-from infergate.protocols.openapi import openapi_document
 from infergate.protocols.routes import Route, Routes
 from infergate.protocols.wire import (
     Answer,
@@ -258,32 +257,45 @@ def _predict_payload(answer: Answer) -> dict[str, Any]:
 
 
 ROUTES = Routes(
-    Route("POST", "/v1/models/{name}/predict", "_predict_named"),
-    Route("POST", "/predict", "_predict_default"),
-    Route("POST", "/v1/models/{name}/rerank", "_rerank_named"),
-    Route("POST", "/rerank", "_rerank_default"),
-    Route("GET", "/v1/models/{name}", "_describe"),
-    Route("GET", "/v1/models", "_list"),
-    Route("GET", "/healthz", "_healthz", public=True),
-    Route("GET", "/readyz", "_readyz", public=True),
+    Route("POST", "/v1/models/{name}/predict", "_predict_named", doc=openapi.PREDICT_NAMED),
+    Route("POST", "/predict", "_predict_default", doc=openapi.PREDICT_DEFAULT),
+    Route("POST", "/v1/models/{name}/rerank", "_rerank_named", doc=openapi.RERANK_NAMED),
+    Route("POST", "/rerank", "_rerank_default", doc=openapi.RERANK_TEI),
+    Route("GET", "/v1/models/{name}", "_describe", doc=openapi.MODEL_INFO),
+    Route("GET", "/v1/models", "_list", doc=openapi.MODEL_LIST),
+    Route("GET", "/healthz", "_healthz", public=True, doc=openapi.HEALTHZ),
+    Route("GET", "/readyz", "_readyz", public=True, doc=openapi.READYZ),
     Route("GET", "/openapi.json", "_openapi", public=True),
     # OpenAI's API, for its clients (base_url ".../openai/v1"); its model list has its own
     # path because /v1/models is ours.
-    Route("POST", "/v1/embeddings", "_openai_embeddings", openai_api.error_body),
-    Route("POST", "/openai/v1/embeddings", "_openai_embeddings", openai_api.error_body),
-    Route("GET", "/openai/v1/models", "_openai_models", openai_api.error_body),
-    Route("GET", "/openai/v1/models/{model}", "_openai_model", openai_api.error_body),
+    Route("POST", "/v1/embeddings", "_openai_embeddings", openai_api.error_body,
+          doc=openapi.EMBEDDINGS),
+    Route("POST", "/openai/v1/embeddings", "_openai_embeddings", openai_api.error_body,
+          doc=openapi.EMBEDDINGS),
+    Route("GET", "/openai/v1/models", "_openai_models", openai_api.error_body,
+          doc=openapi.OPENAI_MODELS),
+    Route("GET", "/openai/v1/models/{model}", "_openai_model", openai_api.error_body,
+          doc=openapi.OPENAI_MODEL),
     # KServe V2 (Open Inference Protocol), for tritonclient.http and KServe's clients.
-    Route("POST", "/v2/models/{name}/infer", "_v2_infer"),
-    Route("POST", "/v2/models/{name}/versions/{version}/infer", "_v2_infer"),
-    Route("GET", "/v2/models/{name}/ready", "_v2_model_ready"),
-    Route("GET", "/v2/models/{name}/versions/{version}/ready", "_v2_model_ready"),
-    Route("GET", "/v2/models/{name}", "_v2_model_metadata"),
-    Route("GET", "/v2/models/{name}/versions/{version}", "_v2_model_metadata"),
-    Route("GET", "/v2/health/live", "_v2_live", public=True),
-    Route("GET", "/v2/health/ready", "_v2_ready", public=True),
-    Route("GET", "/v2", "_v2_server_metadata", public=True),
-)
+    Route("POST", "/v2/models/{name}/infer", "_v2_infer", doc=openapi.V2_INFER),
+    Route("POST", "/v2/models/{name}/versions/{version}/infer", "_v2_infer",
+          doc=openapi.V2_INFER),
+    Route("GET", "/v2/models/{name}/ready", "_v2_model_ready", doc=openapi.V2_MODEL_READY),
+    Route("GET", "/v2/models/{name}/versions/{version}/ready", "_v2_model_ready",
+          doc=openapi.V2_MODEL_READY),
+    Route("GET", "/v2/models/{name}", "_v2_model_metadata", doc=openapi.V2_MODEL_METADATA),
+    Route("GET", "/v2/models/{name}/versions/{version}", "_v2_model_metadata",
+          doc=openapi.V2_MODEL_METADATA),
+    Route("GET", "/v2/health/live", "_v2_live", public=True, doc=openapi.V2_LIVE),
+    Route("GET", "/v2/health/ready", "_v2_ready", public=True, doc=openapi.V2_READY),
+    Route("GET", "/v2", "_v2_server_metadata", public=True, doc=openapi.V2_SERVER_METADATA),
+)  # fmt: skip
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document of ``ROUTES``, built once."""
+    return openapi.openapi_document(ROUTES)
 
 
 def _timing_headers(prediction: Prediction, total_s: float, runtime: ModelRuntime) -> dict:

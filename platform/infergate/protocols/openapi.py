@@ -1,14 +1,17 @@
-"""The OpenAPI document of the HTTP API, generated from typed models of its bodies."""
+"""The OpenAPI document of the HTTP API: typed models of its bodies, and the operation each
+route of ``infergate.protocols.frontend.ROUTES`` carries; the document is generated from
+that route table, so a route is declared once."""
 
 from __future__ import annotations
 
-from functools import cache
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from infergate import __version__
 from infergate.observe.metrics import STAGES
+from infergate.protocols.routes import Route
 
 
 class PredictBody(BaseModel):
@@ -255,10 +258,6 @@ class V2ServerMetadata(BaseModel):
     extensions: list[str]
 
 
-V2_MODELS: list[type[BaseModel]] = [
-    V2InputTensor, V2RequestedOutput, V2InferRequest, V2OutputTensor, V2InferResponse,
-    V2TensorMetadata, V2ModelMetadata, V2ServerMetadata,
-]  # fmt: skip
 BINARY_BODY = {
     "description": "The JSON object, then the binary tensors; the header "
     "Inference-Header-Content-Length gives the JSON's length in bytes. BYTES elements: a "
@@ -267,65 +266,11 @@ BINARY_BODY = {
 }
 
 
-def _v2_paths() -> dict[str, Any]:
-    name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
-    version = {**name, "name": "version"}
-    not_found = {"404": _json(ErrorBody, "Unknown model or version")}
-    infer_errors = {code: _json(ErrorBody, text) for code, text in ERRORS.items()}
-    infer_errors["400"] = _json(ErrorBody, ERRORS["400"] + " Binary data that does not add up.")
-    infer_errors["415"] = _json(ErrorBody, "Neither JSON nor application/octet-stream.")
-    infer = {
-        "summary": "Infer (Open Inference Protocol)",
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": _ref(V2InferRequest)},
-                "application/octet-stream": BINARY_BODY,
-            },
-        },
-        "responses": {
-            "200": {
-                "description": "Outputs; with binary outputs, the JSON then their bytes",
-                "headers": TIMING_HEADERS,
-                "content": {
-                    "application/json": {"schema": _ref(V2InferResponse)},
-                    "application/octet-stream": BINARY_BODY,
-                },
-            },
-            **infer_errors,
-        },
-    }
-    metadata = {"responses": {"200": _json(V2ModelMetadata, "Inputs and outputs"), **not_found}}
-    ready = {
-        "responses": {
-            "200": {"description": "The model (or the version) answers"},
-            **not_found,
-            "503": _json(ErrorBody, "Some version does not answer"),
-        }
-    }
-    paths: dict[str, Any] = {}
-    for prefix, parameters in [
-        ("/v2/models/{name}", [name]),
-        ("/v2/models/{name}/versions/{version}", [name, version]),
-    ]:
-        paths[f"{prefix}/infer"] = {"post": {**infer, "parameters": parameters}}
-        paths[prefix] = {"get": {**metadata, "parameters": parameters}}
-        paths[f"{prefix}/ready"] = {"get": {**ready, "parameters": parameters}}
-    paths["/v2/health/live"] = {"get": {"responses": {"200": {"description": "Process alive"}}}}
-    paths["/v2/health/ready"] = {
-        "get": {
-            "responses": {
-                "200": {"description": "As /readyz: every served version answers"},
-                "503": _json(ErrorBody, "Some version is not ready"),
-            }
-        }
-    }
-    paths["/v2"] = {"get": {"responses": {"200": _json(V2ServerMetadata, "Server metadata")}}}
-    return paths
+_REF = "#/components/schemas/"
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"$ref": _REF + model.__name__}
 
 
 def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
@@ -387,75 +332,131 @@ def _embeddings_operation() -> dict[str, Any]:
     }
 
 
-@cache
-def openapi_document() -> dict[str, Any]:
-    models: list[type[BaseModel]] = [
-        PredictBody, Classification, Relevance, SparseVector, Entity, PredictResponse,
-        RerankBody, RerankResult, RerankResponse, VersionInfo, ModelInfo, ModelList,
-        ErrorBody, EmbeddingsBody, Embedding, Usage, EmbeddingsResponse, OpenAIModel,
-        OpenAIModelList, OpenAIError, OpenAIErrorBody,
-        *V2_MODELS,
-    ]  # fmt: skip
+# -- what each route's entry in the document says: the routes themselves are declared once,
+# in infergate.protocols.frontend.ROUTES, each with its operation from here --------------
+
+PREDICT_NAMED = _predict_operation("Predict with a model")
+PREDICT_DEFAULT = _predict_operation("Predict with the default model")
+RERANK_NAMED = _rerank_operation("Rank texts against a query (text-ranking)", False)
+RERANK_TEI = _rerank_operation("Rerank in TEI's shape (the only text-ranking model)", True)
+MODEL_LIST = {"responses": {"200": _json(ModelList, "Served models")}}
+MODEL_INFO = {
+    "responses": {
+        "200": _json(ModelInfo, "Versions, roles and weights"),
+        "404": _json(ErrorBody, "Unknown model"),
+    }
+}
+HEALTHZ = {"responses": {"200": {"description": "Process alive"}}}
+READYZ = {
+    "responses": {
+        "200": {"description": "Every served version answers"},
+        "503": _json(ErrorBody, "Some version is not ready"),
+    }
+}
+EMBEDDINGS = _embeddings_operation()
+OPENAI_MODELS = {"responses": {"200": _json(OpenAIModelList, "Served models")}}
+OPENAI_MODEL = {
+    "responses": {
+        "200": _json(OpenAIModel, "One served model"),
+        "404": _json(OpenAIErrorBody, "Unknown model"),
+    }
+}
+
+_V2_NOT_FOUND = {"404": _json(ErrorBody, "Unknown model or version")}
+_V2_INFER_ERRORS = {
+    **{code: _json(ErrorBody, text) for code, text in ERRORS.items()},
+    "400": _json(ErrorBody, ERRORS["400"] + " Binary data that does not add up."),
+    "415": _json(ErrorBody, "Neither JSON nor application/octet-stream."),
+}
+V2_INFER = {
+    "summary": "Infer (Open Inference Protocol)",
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": _ref(V2InferRequest)},
+            "application/octet-stream": BINARY_BODY,
+        },
+    },
+    "responses": {
+        "200": {
+            "description": "Outputs; with binary outputs, the JSON then their bytes",
+            "headers": TIMING_HEADERS,
+            "content": {
+                "application/json": {"schema": _ref(V2InferResponse)},
+                "application/octet-stream": BINARY_BODY,
+            },
+        },
+        **_V2_INFER_ERRORS,
+    },
+}
+V2_MODEL_METADATA = {
+    "responses": {"200": _json(V2ModelMetadata, "Inputs and outputs"), **_V2_NOT_FOUND}
+}
+V2_MODEL_READY = {
+    "responses": {
+        "200": {"description": "The model (or the version) answers"},
+        **_V2_NOT_FOUND,
+        "503": _json(ErrorBody, "Some version does not answer"),
+    }
+}
+V2_LIVE = {"responses": {"200": {"description": "Process alive"}}}
+V2_READY = {
+    "responses": {
+        "200": {"description": "As /readyz: every served version answers"},
+        "503": _json(ErrorBody, "Some version is not ready"),
+    }
+}
+V2_SERVER_METADATA = {"responses": {"200": _json(V2ServerMetadata, "Server metadata")}}
+
+
+def openapi_document(routes: Iterable[Route]) -> dict[str, Any]:
+    """The document of ``routes``: each route's operation, its path parameters, and the
+    schema of every body model the operations refer to (with the models those nest)."""
+    paths: dict[str, Any] = {}
+    for route in routes:
+        if route.doc is None:
+            continue
+        operation = dict(route.doc)
+        if route.parameters:
+            operation["parameters"] = [
+                {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                for name in route.parameters
+            ]
+        paths.setdefault(route.pattern, {})[route.method.lower()] = operation
     schemas: dict[str, Any] = {}
-    for model in models:
-        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    for model in _referenced(paths):
+        schema = model.model_json_schema(ref_template=_REF + "{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
-    name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
-    model_name = {**name, "name": "model"}
     return {
         "openapi": "3.1.0",
         "info": {"title": "infergate", "version": __version__},
-        "paths": {
-            "/v1/models/{name}/predict": {
-                "post": {**_predict_operation("Predict with a model"), "parameters": [name]}
-            },
-            "/predict": {"post": _predict_operation("Predict with the default model")},
-            "/v1/models/{name}/rerank": {
-                "post": {
-                    **_rerank_operation("Rank texts against a query (text-ranking)", False),
-                    "parameters": [name],
-                }
-            },
-            "/rerank": {
-                "post": _rerank_operation(
-                    "Rerank in TEI's shape (the only text-ranking model)", True
-                )
-            },
-            "/v1/models": {"get": {"responses": {"200": _json(ModelList, "Served models")}}},
-            "/v1/models/{name}": {
-                "get": {
-                    "parameters": [name],
-                    "responses": {
-                        "200": _json(ModelInfo, "Versions, roles and weights"),
-                        "404": _json(ErrorBody, "Unknown model"),
-                    },
-                }
-            },
-            "/healthz": {"get": {"responses": {"200": {"description": "Process alive"}}}},
-            "/readyz": {
-                "get": {
-                    "responses": {
-                        "200": {"description": "Every served version answers"},
-                        "503": _json(ErrorBody, "Some version is not ready"),
-                    }
-                }
-            },
-            "/v1/embeddings": {"post": _embeddings_operation()},
-            "/openai/v1/embeddings": {"post": _embeddings_operation()},
-            "/openai/v1/models": {
-                "get": {"responses": {"200": _json(OpenAIModelList, "Served models")}}
-            },
-            "/openai/v1/models/{model}": {
-                "get": {
-                    "parameters": [model_name],
-                    "responses": {
-                        "200": _json(OpenAIModel, "One served model"),
-                        "404": _json(OpenAIErrorBody, "Unknown model"),
-                    },
-                }
-            },
-            **_v2_paths(),
-        },
+        "paths": paths,
         "components": {"schemas": schemas},
     }
+
+
+def _referenced(document: Any) -> list[type[BaseModel]]:
+    """The body models ``document`` refers to by ``$ref``, in order of first mention."""
+    found: dict[str, None] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith(_REF):
+                found.setdefault(ref.removeprefix(_REF))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(document)
+    return [_MODELS[name] for name in found]
+
+
+_MODELS = {
+    value.__name__: value
+    for value in list(globals().values())
+    if isinstance(value, type) and issubclass(value, BaseModel) and value is not BaseModel
+}

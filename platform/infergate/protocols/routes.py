@@ -5,6 +5,7 @@ known but the method is not. Pure: the front-end looks its handlers up by name."
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,13 +23,15 @@ def _default_error_body(error: InfergateError) -> dict[str, Any]:
 class Route:
     """``handler`` names a method of the front-end, called with the path's parameters;
     ``error_body`` shapes the errors of the route's protocol; ``public`` routes (probes,
-    the API's description) answer without an API key."""
+    the API's description) answer without an API key; ``doc`` is the route's operation in
+    the OpenAPI document (``infergate.protocols.openapi``), None to leave it out."""
 
     method: str
     pattern: str
     handler: str
     error_body: ErrorBody = _default_error_body
     public: bool = False
+    doc: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -40,6 +43,11 @@ class Route:
         )
         object.__setattr__(self, "regex", re.compile(source))
 
+    @property
+    def parameters(self) -> list[str]:
+        """The path's parameters, in order."""
+        return _PARAMETER.findall(self.pattern)
+
     def takes(self, method: str) -> bool:
         # HEAD is a GET without its body (uvicorn leaves the body out): `curl -I`, probes.
         return method == self.method or (method == "HEAD" and self.method == "GET")
@@ -48,6 +56,9 @@ class Route:
 class Routes:
     def __init__(self, *routes: Route) -> None:
         self.routes = routes
+
+    def __iter__(self) -> Iterator[Route]:
+        return iter(self.routes)
 
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
         """The route and its path parameters; RouteNotFound or MethodNotAllowed."""

@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 
 from infergate.config import FrontendSettings
 from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
-from infergate.protocols.frontend import ROUTES, Frontend
+from infergate.protocols.frontend import ROUTES, Frontend, openapi_document
 from infergate.protocols.kserve_v2 import (
     OUTPUTS,
     RequestedOutput,
@@ -23,7 +23,6 @@ from infergate.protocols.kserve_v2 import (
     model_metadata,
     parse_infer,
 )
-from infergate.protocols.openapi import openapi_document
 from infergate.protocols.wire import Limits
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import ModelRuntime

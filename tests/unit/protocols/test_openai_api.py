@@ -21,9 +21,8 @@ from starlette.testclient import TestClient
 
 from infergate.config import FrontendSettings
 from infergate.errors import InvalidInput, MalformedBody, Overloaded, PayloadTooLarge
-from infergate.protocols.frontend import Frontend
+from infergate.protocols.frontend import Frontend, openapi_document
 from infergate.protocols.openai_api import error_body, parse_embeddings, refuse_unless_embeddings
-from infergate.protocols.openapi import openapi_document
 from infergate.protocols.wire import Limits, PredictRequest
 from infergate.serving.postprocess import l2_normalize
 from infergate.serving.routing import ServedModel
