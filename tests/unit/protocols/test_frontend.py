@@ -10,6 +10,7 @@ import pytest
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from fakes import asgi
 from infergate.config import FrontendSettings
 from infergate.protocols.frontend import Frontend
 from infergate.serving.inference import CLIENT_CLOSED_REQUEST
@@ -43,14 +44,6 @@ class StuckRuntime:
     async def predict(self, texts, parameters, backend):
         self.called.set()
         await asyncio.Event().wait()
-
-
-def asgi(frontend: Frontend):
-    async def app(scope, receive, send):
-        response = await frontend.handle(Request(scope, receive))
-        await response(scope, receive, send)
-
-    return app
 
 
 def test_a_replica_without_its_table_answers_503_not_404():

@@ -8,6 +8,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from fakes import asgi
 from infergate.config import FrontendSettings
 from infergate.errors import Overloaded
 from infergate.http import SlowUploads
@@ -52,14 +53,6 @@ class Recorder:
 def served(*runtimes) -> dict[str, ServedModel]:
     return {r.served.name: ServedModel(r.served.name, "text-classification", (r,))
             for r in runtimes}  # fmt: skip
-
-
-def asgi(frontend: Frontend):
-    async def app(scope, receive, send):
-        response = await frontend.handle(Request(scope, receive))
-        await response(scope, receive, send)
-
-    return app
 
 
 def with_keys(tmp_path, recorder, **limits):

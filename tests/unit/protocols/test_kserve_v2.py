@@ -10,9 +10,9 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.http as triton_http
-from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from fakes import asgi
 from infergate.config import FrontendSettings
 from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
 from infergate.protocols.frontend import ROUTES, Frontend
@@ -382,14 +382,6 @@ class FakeTriton:
         if output_name == "logits":
             return np.stack([6.0 - tokens, tokens - 6.0], axis=1)
         return np.stack([tokens, tokens + 1, 2 * tokens, np.ones_like(tokens)], axis=1)
-
-
-def asgi(frontend: Frontend):
-    async def app(scope, receive, send):
-        response = await frontend.handle(Request(scope, receive))
-        await response(scope, receive, send)
-
-    return app
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ import numpy as np
 import openai
 import orjson
 import pytest
-from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from fakes import asgi
 from infergate.config import FrontendSettings
 from infergate.errors import InvalidInput, MalformedBody, Overloaded, PayloadTooLarge
 from infergate.protocols.frontend import Frontend
@@ -180,14 +180,6 @@ def frontend(tokenizer, triton: FakeTriton, recorder: Recorder | None = None) ->
     if recorder is None:
         return Frontend(settings, triton, models)
     return Frontend(settings, triton, models, telemetry=recorder, monitors=recorder)  # type: ignore[arg-type]
-
-
-def asgi(front: Frontend):
-    async def app(scope, receive, send):
-        response = await front.handle(Request(scope, receive))
-        await response(scope, receive, send)
-
-    return app
 
 
 @pytest.fixture()
