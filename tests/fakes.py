@@ -29,3 +29,22 @@ def asgi(frontend: Frontend) -> Callable[[Scope, Receive, Send], Awaitable[None]
         await response(scope, receive, send)
 
     return app
+
+
+class FakeClock:
+    """Stands in for ``time.monotonic`` (or ``time.time``) where code takes a ``clock``:
+    calling it reads ``now``, which moves only when a test sets it or calls ``advance``.
+
+    It starts at 1000 s rather than 0, so that an age measured from a forgotten zero
+    default cannot pass by chance; a test that needs another start passes it."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        """Move ``seconds`` on; the new time."""
+        self.now += seconds
+        return self.now

@@ -8,6 +8,7 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
+from fakes import FakeClock
 from infergate.config import AdminSettings
 from infergate.control.admin import MAX_BODY_BYTES, AdminApi, check_exposure
 from infergate.control.webhooks import sign
@@ -30,7 +31,7 @@ class Recorder:
 def api():
     recorder, reconciles = Recorder(), []
     admin = AdminApi(recorder, lambda: reconciles.append(1), token="t0k", webhook_secret="s",
-                     clock=lambda: 1000.0)  # fmt: skip
+                     clock=FakeClock())  # fmt: skip
     return TestClient(admin.app), recorder, reconciles
 
 
