@@ -12,6 +12,7 @@ from typing import Any
 from starlette.requests import Request
 
 from infergate.protocols.frontend import Frontend
+from infergate.serving.runtime import ModelRuntime, Prediction
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -48,3 +49,47 @@ class FakeClock:
         """Move ``seconds`` on; the new time."""
         self.now += seconds
         return self.now
+
+
+def _model_version_status(model: str, version: str, status: int) -> object:
+    return model, version, status
+
+
+class Recorder:
+    """Stands in for a replica's ``Telemetry`` (``infergate.observe.telemetry``) and its
+    ``Monitors`` at once: it has every method of both, and keeps in order what each was
+    told where the real ones publish it to Ray. A test reads exactly what the front-end
+    reported, with nothing counted or aggregated on the way.
+
+    ``requests`` holds ``keep(model, version, status)`` of each request, so that a test
+    keeps the fields it is about (the status alone, say) and compares them whole."""
+
+    def __init__(self, keep: Callable[[str, str, int], object] = _model_version_status) -> None:
+        self.keep = keep
+        self.requests: list[Any] = []
+        self.callers: list[tuple[str, str, int]] = []
+        self.drifts: list[dict[tuple[str, str], float]] = []
+        self.weights: list[tuple[str, str, str, float]] = []
+        self.monitored: list[int] = []
+
+    def request(
+        self, model: str, version: str, status: int, prediction: Prediction | None, total_s: float
+    ) -> None:
+        self.requests.append(self.keep(model, version, status))
+
+    def caller(self, key: str, model: str, status: int) -> None:
+        self.callers.append((key, model, status))
+
+    def drift(self, model: str, version: str, scores: dict[tuple[str, str], float]) -> None:
+        self.drifts.append(dict(scores))
+
+    def weight(self, model: str, version: str, role: str, weight: float) -> None:
+        self.weights.append((model, version, role, weight))
+
+    def flush(self) -> None:
+        pass
+
+    def record(
+        self, runtime: ModelRuntime, status: int, seconds: float, prediction: Prediction | None
+    ) -> None:
+        self.monitored.append(status)

@@ -15,7 +15,9 @@ from infergate.control.webhooks import sign
 from infergate.errors import StackError
 
 
-class Recorder:
+class Rollouts:
+    """Stands in for the rollout manager: records the commands it was given."""
+
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
@@ -29,7 +31,7 @@ class Recorder:
 
 @pytest.fixture
 def api():
-    recorder, reconciles = Recorder(), []
+    recorder, reconciles = Rollouts(), []
     admin = AdminApi(recorder, lambda: reconciles.append(1), token="t0k", webhook_secret="s",
                      clock=FakeClock())  # fmt: skip
     return TestClient(admin.app), recorder, reconciles

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from fakes import FakeClock
+from fakes import FakeClock, Recorder
 from infergate.observe.monitor import Monitors
 from infergate.observe.reference import reference_stats
 from infergate.serving.runtime import Prediction, Timings
@@ -14,14 +14,6 @@ from infergate.serving.tokenization import Batch
 from infergate.versions import ServedVersion
 
 LABELS = ["negative", "positive"]
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.drifts: list[dict] = []
-
-    def drift(self, model, version, scores):
-        self.drifts.append(dict(scores))
 
 
 def runtime(reference: dict) -> SimpleNamespace:

@@ -10,7 +10,7 @@ import pytest
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
-from fakes import asgi
+from fakes import Recorder, asgi
 from infergate.config import FrontendSettings
 from infergate.protocols.frontend import Frontend
 from infergate.serving.inference import CLIENT_CLOSED_REQUEST
@@ -19,18 +19,8 @@ from infergate.serving.runtime import drain
 from infergate.versions import ServedVersion
 
 
-class Recorder:
-    """Telemetry and monitors in one: what the handler reported of each request."""
-
-    def __init__(self) -> None:
-        self.requests: list[int] = []
-        self.monitored: list[int] = []
-
-    def request(self, model, version, status, prediction, seconds) -> None:
-        self.requests.append(status)
-
-    def record(self, runtime, status, seconds, prediction) -> None:
-        self.monitored.append(status)
+def status_only(model: str, version: str, status: int) -> int:
+    return status
 
 
 class StuckRuntime:
@@ -82,7 +72,7 @@ def test_a_client_that_goes_away_is_recorded_as_499():
 
 
 async def _client_goes_away() -> None:
-    runtime, recorder = StuckRuntime(), Recorder()
+    runtime, recorder = StuckRuntime(), Recorder(status_only)
     model = ServedModel("m", "text-classification", (runtime,))  # type: ignore[arg-type]
     frontend = Frontend(FrontendSettings(), None, {"m": model}, telemetry=recorder,
                         monitors=recorder)  # type: ignore[arg-type]  # fmt: skip
@@ -103,7 +93,7 @@ async def _client_goes_away() -> None:
 
 
 def test_a_client_that_goes_away_while_sending_its_body_is_recorded_as_499():
-    runtime, recorder = StuckRuntime(), Recorder()
+    runtime, recorder = StuckRuntime(), Recorder(status_only)
     model = ServedModel("m", "text-classification", (runtime,))  # type: ignore[arg-type]
     frontend = Frontend(FrontendSettings(), None, {"m": model}, telemetry=recorder,
                         monitors=recorder)  # type: ignore[arg-type]  # fmt: skip
@@ -152,7 +142,7 @@ def test_a_request_counts_as_under_way_from_its_first_byte_to_its_answer():
     its body has picked no version yet, but it will pick one of the old table's."""
 
     async def scenario() -> tuple[int, int, int]:
-        runtime, recorder = StuckRuntime(), Recorder()
+        runtime, recorder = StuckRuntime(), Recorder(status_only)
         model = ServedModel("m", "text-classification", (runtime,))  # type: ignore[arg-type]
         frontend = Frontend(FrontendSettings(), None, {"m": model}, telemetry=recorder,
                             monitors=recorder)  # type: ignore[arg-type]  # fmt: skip

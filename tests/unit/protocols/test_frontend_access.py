@@ -8,7 +8,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
-from fakes import asgi
+from fakes import Recorder, asgi
 from infergate.config import FrontendSettings
 from infergate.errors import Overloaded
 from infergate.http import SlowUploads
@@ -34,20 +34,8 @@ class Answering:
         return Prediction(outputs, None, np.ones((len(texts), 2)), Timings(), [])  # type: ignore[arg-type]
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, int]] = []
-        self.callers: list[tuple[str, str, int]] = []
-        self.monitored: list[int] = []
-
-    def request(self, model, version, status, prediction, seconds) -> None:
-        self.requests.append((model, status))
-
-    def caller(self, key, model, status) -> None:
-        self.callers.append((key, model, status))
-
-    def record(self, runtime, status, seconds, prediction) -> None:
-        self.monitored.append(status)
+def model_and_status(model: str, version: str, status: int) -> tuple[str, int]:
+    return model, status
 
 
 def served(*runtimes) -> dict[str, ServedModel]:
@@ -70,7 +58,7 @@ def with_keys(tmp_path, recorder, **limits):
 
 
 def test_inference_and_model_listing_want_a_key_probes_do_not(tmp_path):
-    recorder = Recorder()
+    recorder = Recorder(model_and_status)
     client, scoped, _ = with_keys(tmp_path, recorder)
     refused = client.post("/v1/models/embed/predict", json={"inputs": "hi"})
     assert refused.status_code == 401 and refused.json()["type"] == "unauthorized"
@@ -89,7 +77,7 @@ def test_inference_and_model_listing_want_a_key_probes_do_not(tmp_path):
 
 def test_a_key_sees_and_calls_only_its_models(tmp_path, caplog):
     caplog.set_level("INFO", logger="infergate.serving.inference")
-    recorder = Recorder()
+    recorder = Recorder(model_and_status)
     client, scoped, anything = with_keys(tmp_path, recorder)
     mine = {"x-api-key": scoped}
     listed = client.get("/v1/models", headers=mine).json()["models"]
@@ -107,7 +95,7 @@ def test_a_key_sees_and_calls_only_its_models(tmp_path, caplog):
 
 
 def test_a_key_over_its_rate_gets_429_with_retry_after(tmp_path):
-    recorder = Recorder()
+    recorder = Recorder(model_and_status)
     client, scoped, _ = with_keys(tmp_path, recorder, requests_per_s=3)
     statuses = []
     for _ in range(6):
@@ -124,7 +112,7 @@ def test_a_key_over_its_rate_gets_429_with_retry_after(tmp_path):
 
 
 def test_a_request_shed_for_load_is_a_429_the_canary_does_not_count():
-    recorder = Recorder()
+    recorder = Recorder(model_and_status)
     shedding = Answering("m", error=Overloaded("3000 texts already wait", retry_after_s=1))
     frontend = Frontend(FrontendSettings(), None, served(shedding),  # type: ignore[arg-type]
                         telemetry=recorder, monitors=recorder)  # type: ignore[arg-type]  # fmt: skip
@@ -139,7 +127,7 @@ def test_a_stalled_upload_gets_a_408_and_past_the_slow_budget_at_once():
 
 
 async def _stalled_uploads() -> None:
-    recorder = Recorder()
+    recorder = Recorder(model_and_status)
     settings = FrontendSettings(body_timeout_s=0.5)
     frontend = Frontend(settings, None, served(Answering("m")), telemetry=recorder,  # type: ignore[arg-type]
                         monitors=recorder, uploads=SlowUploads(1, grace_s=0.05))  # type: ignore[arg-type]  # fmt: skip

@@ -18,7 +18,7 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from fakes import asgi
+from fakes import Recorder, asgi
 from infergate.config import FrontendSettings
 from infergate.errors import InvalidInput, MalformedBody, Overloaded, PayloadTooLarge
 from infergate.protocols.frontend import Frontend
@@ -142,17 +142,6 @@ class FakeTriton:
         shift = 1.0 if model.endswith("v2") else 0.0
         rows = [np.random.default_rng(int(s)).normal(size=DIM) * 3 + shift for s in seeds]
         return np.array(rows, dtype=np.float32)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, str, int]] = []
-
-    def request(self, model, version, status, prediction, seconds) -> None:
-        self.requests.append((model, version, status))
-
-    def record(self, runtime, status, seconds, prediction) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
