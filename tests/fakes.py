@@ -6,11 +6,14 @@ pytest puts tests/ on the path (``pythonpath`` in pyproject.toml): ``from fakes 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+import json
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
+import numpy as np
 from starlette.requests import Request
 
+from infergate.errors import RegistrationError
 from infergate.protocols.frontend import Frontend
 from infergate.serving.runtime import ModelRuntime, Prediction
 
@@ -93,3 +96,96 @@ class Recorder:
         self, runtime: ModelRuntime, status: int, seconds: float, prediction: Prediction | None
     ) -> None:
         self.monitored.append(status)
+
+
+Outputs = Callable[[str, np.ndarray, np.ndarray, str], np.ndarray]
+
+
+class FakeTritonBackend:
+    """Stands in for ``TritonBackend`` (``infergate.triton.client``), a replica's channel to
+    Triton for inference. ``infer`` takes what the real one takes (a Triton model's name, a
+    tokenized batch, the output to read) and returns that output for the batch, as Triton
+    does; what the model computes is ``outputs``, chosen by each test so that it can check
+    the answers by hand. Real models run in tests/onnx_backend.py and tests/e2e.
+
+    It records the Triton models called. With ``error`` every call fails with it, as when
+    Triton is away or sheds load; without ``outputs`` any call is a test's mistake."""
+
+    def __init__(
+        self,
+        url: str = "",
+        timeout_s: float = 30.0,
+        *,
+        outputs: Outputs | None = None,
+        error: Exception | None = None,
+    ) -> None:
+        self.url, self.timeout_s = url, timeout_s
+        self.outputs, self.error = outputs, error
+        self.calls: list[str] = []
+        self.closed = False
+
+    async def infer(
+        self,
+        model: str,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        output_name: str,
+        *,
+        extra: Mapping[str, np.ndarray] | None = None,
+    ) -> np.ndarray:
+        self.calls.append(model)
+        if self.error is not None:
+            raise self.error
+        if self.outputs is None:
+            raise AssertionError(f"no inference expected, yet {model} was called")
+        return self.outputs(model, input_ids, attention_mask, output_name)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeTritonControl:
+    """Stands in for ``TritonControl`` (``infergate.triton.client``), one Triton's control
+    API, for tests of what the control plane asks of it; real Triton runs in tests/e2e.
+
+    It records loads and unloads, and knows what is ready. Without ``native`` it refuses
+    models on the native ONNX Runtime backend, as the nvidia-pytriton wheel's Triton does."""
+
+    def __init__(self, url: str = "", native: bool = False) -> None:
+        self.url, self.native = url, native
+        self.loaded: list[str] = []
+        self.requests: list[tuple[str, dict]] = []  # the config and files sent with each
+        self.unloaded: list[str] = []
+        self.ready: set[str] = set()
+        self.closed = False
+        self.up = True  # False: it does not answer
+        self.refuse: str | None = None  # set: every load fails with this message
+
+    def load(
+        self,
+        model: str,
+        timeout_s: float,
+        *,
+        config: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        if self.refuse is not None:
+            raise RegistrationError(self.refuse)
+        if config and json.loads(config).get("platform") == "onnxruntime_onnx" and not self.native:
+            raise RegistrationError("unknown platform onnxruntime_onnx")
+        self.loaded.append(model)
+        self.requests.append((model, {"config": config, "files": files}))
+        self.ready.add(model)
+
+    def unload(self, model: str, timeout_s: float = 30.0) -> None:
+        self.unloaded.append(model)
+        self.ready.discard(model)
+
+    def is_ready(self, model: str) -> bool:
+        return model in self.ready
+
+    def server_ready(self) -> bool:
+        return self.up
+
+    def close(self) -> None:
+        self.closed = True
