@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,9 @@ from starlette.requests import Request
 
 from infergate.errors import RegistrationError
 from infergate.protocols.frontend import Frontend
+from infergate.registry import RegisteredModel
 from infergate.serving.runtime import ModelRuntime, Prediction
+from infergate.versions import SPEC_FILE
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -189,3 +192,62 @@ class FakeTritonControl:
 
     def close(self) -> None:
         self.closed = True
+
+
+class MemoryRegistry:
+    """Stands in for ``Registry`` (``infergate.registry``), MLflow's model registry as the
+    control plane uses it: models with their aliases and tags held in memory, changed at
+    once as MLflow changes them, and every version's artifacts read from one folder,
+    ``files``, as ``Registry.download`` would have fetched them. The real registry is
+    covered in tests/e2e.
+
+    A model's versions come from one run, ``run-1`` until it is registered again; a version
+    has its model's task unless ``tasks`` says otherwise; version tags are kept by version.
+    """
+
+    def __init__(self, *models: RegisteredModel, files: Path | None = None) -> None:
+        self._models = {m.name: m for m in models}
+        self._runs = {m.name: "run-1" for m in models}
+        self.tasks: dict[tuple[str, str], str] = {}  # versions of another task than their model
+        self.version_tags: dict[tuple[str, str], dict[str, str]] = {}
+        self.files = files
+
+    def models(self) -> list[RegisteredModel]:
+        return list(self._models.values())
+
+    def model(self, name: str) -> RegisteredModel:
+        return self._models[name]
+
+    def version_source(self, name: str, version: str) -> str:
+        return f"runs:/{self._runs[name]}/{name}/{version}"
+
+    def version_task(self, name: str, version: str) -> str:
+        return self.tasks.get((name, version), self._models[name].task)
+
+    def register_again(self, model: RegisteredModel, run: str) -> None:
+        """Delete ``model.name`` and register it again; its versions come from ``run``."""
+        self._models[model.name], self._runs[model.name] = model, run
+
+    def set_model_tags(self, name: str, tags: Mapping[str, str]) -> None:
+        self._models[name].tags.update(tags)
+
+    def delete_model_tags(self, name: str, keys: list[str]) -> None:
+        for key in keys:
+            self._models[name].tags.pop(key, None)
+
+    def set_version_tags(self, name: str, version: str, tags: Mapping[str, str]) -> None:
+        self.version_tags.setdefault((name, version), {}).update(tags)
+
+    def set_alias(self, name: str, alias: str, version: str) -> None:
+        self._models[name].aliases[alias] = version
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        self._models[name].aliases.pop(alias, None)
+
+    def download(self, source: str, relative: str, dst: Path) -> Path:
+        if self.files is None:
+            raise FileNotFoundError(f"this registry holds no artifacts: {source}/{relative}")
+        return self.files / relative
+
+    def load_spec(self, source: str, cache: Path) -> dict[str, Any]:
+        return json.loads(self.download(source, SPEC_FILE, cache).read_text())

@@ -3,20 +3,16 @@ when a table is published)."""
 
 import logging
 
-from fakes import FakeClock
+from fakes import FakeClock, MemoryRegistry
 from infergate.config import StackConfig
 from infergate.control.reconcile import ReconcileResult
 from infergate.control.service import ControlService
 
 
-class Registry:
-    """Nothing the rounds below reach."""
-
-
 def test_a_reconcile_failing_after_triton_restarted_does_not_stop_the_stack(tmp_path, caplog):
     """Triton came back while MLflow is away: the reconcile fails, and the supervisor that
     called this must go on (the next check finds the versions missing and tries again)."""
-    service = ControlService(StackConfig(state_dir=tmp_path), Registry())  # type: ignore[arg-type]
+    service = ControlService(StackConfig(state_dir=tmp_path), MemoryRegistry())  # type: ignore[arg-type]
 
     def registry_away() -> None:
         raise ConnectionError("MLflow does not answer")
@@ -31,7 +27,7 @@ def test_a_reconcile_failing_after_triton_restarted_does_not_stop_the_stack(tmp_
 def test_a_failing_round_is_logged_and_tried_again_at_its_next_interval(tmp_path, caplog):
     clock = FakeClock(100.0)
     config = StackConfig(state_dir=tmp_path)
-    service = ControlService(config, Registry(), clock=clock)  # type: ignore[arg-type]
+    service = ControlService(config, MemoryRegistry(), clock=clock)  # type: ignore[arg-type]
     attempts: list[float] = []
 
     def registry_away() -> None:
@@ -54,7 +50,7 @@ def test_a_held_back_version_is_tried_again_at_every_check(tmp_path):
     clock = FakeClock(100.0)
     config = StackConfig(state_dir=tmp_path)
     assert config.triton.check_interval_s * 3 < config.reconcile_interval_s
-    service = ControlService(config, Registry(), clock=clock)  # type: ignore[arg-type]
+    service = ControlService(config, MemoryRegistry(), clock=clock)  # type: ignore[arg-type]
     rounds: list[float] = []
 
     def reconcile() -> ReconcileResult:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fakes import FakeTritonControl
+from fakes import FakeTritonControl, MemoryRegistry
 from infergate.config import TritonSettings
 from infergate.control import reconcile
 from infergate.control.reconcile import ControlPlane
@@ -154,19 +154,6 @@ def test_replicas_stop_using_a_version_before_triton_reloads_it_from_other_files
     assert plane.events == []
 
 
-class FilesRegistry:
-    """Serves every version's artifacts from one folder (the part ``_load`` uses)."""
-
-    def __init__(self, folder) -> None:
-        self.folder = folder
-
-    def download(self, source: str, relative: str, dst):
-        return self.folder / relative
-
-    def load_spec(self, source: str, cache) -> dict:
-        return json.loads((self.folder / "infergate.json").read_text())
-
-
 def test_a_version_whose_tokenizer_cannot_be_read_never_reaches_triton(tmp_path):
     """Replicas load the tokenizer, spec and drift reference; the control plane reads them
     first, so such a version fails like one Triton cannot load (canary rolled back, a new
@@ -181,7 +168,7 @@ def test_a_version_whose_tokenizer_cannot_be_read_never_reaches_triton(tmp_path)
     triton = FakeTritonControl()
     failures: list[str] = []
     plane = ControlPlane(
-        registry=FilesRegistry(files),
+        registry=MemoryRegistry(files=files),
         fleet=fleet_of(triton, tmp_path / "repository"),
         cache_dir=tmp_path / "cache",
         deploy=lambda table: None,

@@ -7,54 +7,13 @@ The same commands against the real MLflow registry and stack: tests/e2e/test_can
 import numpy as np
 import pytest
 
-from fakes import FakeClock
+from fakes import FakeClock, MemoryRegistry
 from infergate.control.rollouts import AUTO_CANARY_TAG, Rollouts
 from infergate.control.windows import StepWindows
 from infergate.errors import InvalidInput, RolloutConflict
 from infergate.observe.counters import VersionCounters
 from infergate.registry import RegisteredModel
 from infergate.versions import CANARY, CHAMPION
-
-
-class MemoryRegistry:
-    """The part of ``Registry`` that ``Rollouts`` uses."""
-
-    def __init__(self, *models: RegisteredModel) -> None:
-        self._models = {m.name: m for m in models}
-        self._runs = {m.name: "run-1" for m in models}
-        self.tasks: dict[tuple[str, str], str] = {}  # versions of another task than their model
-
-    def models(self) -> list[RegisteredModel]:
-        return list(self._models.values())
-
-    def model(self, name: str) -> RegisteredModel:
-        return self._models[name]
-
-    def version_source(self, name: str, version: str) -> str:
-        return f"runs:/{self._runs[name]}/{name}/{version}"
-
-    def version_task(self, name: str, version: str) -> str:
-        return self.tasks.get((name, version), self._models[name].task)
-
-    def register_again(self, model: RegisteredModel, run: str) -> None:
-        """Delete ``model.name`` and register it again; its versions come from ``run``."""
-        self._models[model.name], self._runs[model.name] = model, run
-
-    def set_model_tags(self, name: str, tags: dict[str, str]) -> None:
-        self._models[name].tags.update(tags)
-
-    def delete_model_tags(self, name: str, keys: list[str]) -> None:
-        for key in keys:
-            self._models[name].tags.pop(key, None)
-
-    def set_version_tags(self, name: str, version: str, tags: dict[str, str]) -> None:
-        pass
-
-    def set_alias(self, name: str, alias: str, version: str) -> None:
-        self._models[name].aliases[alias] = version
-
-    def delete_alias(self, name: str, alias: str) -> None:
-        self._models[name].aliases.pop(alias, None)
 
 
 def registered(name: str, tags: dict[str, str] | None = None, **aliases: str) -> RegisteredModel:
@@ -141,15 +100,6 @@ def test_a_canary_alias_left_on_the_champion_is_no_rollout():
     assert model.aliases == {CHAMPION: "3", CANARY: "4"}
 
 
-class RecordingRegistry(MemoryRegistry):
-    def __init__(self, *models: RegisteredModel) -> None:
-        super().__init__(*models)
-        self.version_tags: dict[tuple[str, str], dict[str, str]] = {}
-
-    def set_version_tags(self, name: str, version: str, tags: dict[str, str]) -> None:
-        self.version_tags.setdefault((name, version), {}).update(tags)
-
-
 @pytest.mark.parametrize(
     ("move", "summary", "tag"),
     [("remove canary", "version 2 rolled back: the canary alias was removed in the registry",
@@ -159,7 +109,7 @@ class RecordingRegistry(MemoryRegistry):
 )  # fmt: skip
 def test_a_rollout_ended_in_mlflow_is_recorded_like_one_ended_by_command(move, summary, tag):
     model = registered("a", champion="1")
-    registry = RecordingRegistry(model)
+    registry = MemoryRegistry(model)
     rollouts = Rollouts(registry, stats=dict, clock=FakeClock())
     rollouts.start("a", "2", weight=None, mode="auto")
     if move == "remove canary":
