@@ -6,6 +6,7 @@ pytest puts tests/ on the path (``pythonpath`` in pyproject.toml): ``from fakes 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from pathlib import Path
@@ -17,8 +18,8 @@ from starlette.requests import Request
 from infergate.errors import RegistrationError
 from infergate.protocols.frontend import Frontend
 from infergate.registry import RegisteredModel
-from infergate.serving.runtime import ModelRuntime, Prediction
-from infergate.versions import SPEC_FILE
+from infergate.serving.runtime import ModelRuntime, Prediction, Timings
+from infergate.versions import SPEC_FILE, ServedVersion
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -99,6 +100,47 @@ class Recorder:
         self, runtime: ModelRuntime, status: int, seconds: float, prediction: Prediction | None
     ) -> None:
         self.monitored.append(status)
+
+
+class FakeVersion:
+    """Stands in for a loaded version, a ``ModelRuntime`` (``infergate.serving.runtime``), as
+    the front-end and ``drain`` use it: its ``served`` version, the requests inside its
+    ``predict`` (``in_flight``), and ``predict`` itself, which labels every text 'pos' at
+    once, or fails with ``error``, or with ``stuck`` never answers, as when its Triton
+    hangs. The front-end's handling around a version is what these tests check; running
+    a version is covered with a real model in tests/served_locally.py.
+
+    ``called`` is set once ``predict`` is; ``done`` answers the requests in flight."""
+
+    def __init__(
+        self,
+        name: str = "m",
+        *,
+        error: Exception | None = None,
+        stuck: bool = False,
+        in_flight: int = 0,
+    ) -> None:
+        self.served = ServedVersion(name, "1", "text-classification", "src", "champion", 100)
+        self.error, self.stuck, self.in_flight = error, stuck, in_flight
+        self.called = asyncio.Event()
+
+    async def predict(
+        self, texts: list[str], parameters: dict[str, Any], backend: object
+    ) -> Prediction:
+        self.called.set()
+        self.in_flight += 1
+        try:
+            if self.stuck:
+                await asyncio.Event().wait()
+            if self.error is not None:
+                raise self.error
+        finally:
+            self.in_flight -= 1
+        outputs = [{"label": "pos", "score": 1.0} for _ in texts]
+        return Prediction(outputs, None, np.ones((len(texts), 2)), Timings(), [])  # type: ignore[arg-type]
+
+    def done(self) -> None:
+        self.in_flight = 0
 
 
 Outputs = Callable[[str, np.ndarray, np.ndarray, str], np.ndarray]

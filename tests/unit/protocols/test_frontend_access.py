@@ -4,34 +4,16 @@ ingress)."""
 
 import asyncio
 
-import numpy as np
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
-from fakes import Recorder, asgi
+from fakes import FakeVersion, Recorder, asgi
 from infergate.config import FrontendSettings
 from infergate.errors import Overloaded
 from infergate.http import SlowUploads
 from infergate.protocols.frontend import Frontend
 from infergate.serving.access import Access, KeyEntry, KeyFile, digest, new_key, write_keys
 from infergate.serving.routing import ServedModel
-from infergate.serving.runtime import Prediction, Timings
-from infergate.versions import ServedVersion
-
-
-class Answering:
-    """A version that labels every text 'pos', or fails with ``error``."""
-
-    def __init__(self, name: str, error: Exception | None = None) -> None:
-        self.served = ServedVersion(name, "1", "text-classification", "src", "champion", 100)
-        self.error = error
-        self.in_flight = 0
-
-    async def predict(self, texts, parameters, backend):
-        if self.error is not None:
-            raise self.error
-        outputs = [{"label": "pos", "score": 1.0} for _ in texts]
-        return Prediction(outputs, None, np.ones((len(texts), 2)), Timings(), [])  # type: ignore[arg-type]
 
 
 def model_and_status(model: str, version: str, status: int) -> tuple[str, int]:
@@ -51,7 +33,7 @@ def with_keys(tmp_path, recorder, **limits):
         KeyEntry(id="ops", sha256=digest(anything), models=("*",)),
     ]))  # fmt: skip
     frontend = Frontend(
-        FrontendSettings(), None, served(Answering("embed"), Answering("sentiment")),  # type: ignore[arg-type]
+        FrontendSettings(), None, served(FakeVersion("embed"), FakeVersion("sentiment")),  # type: ignore[arg-type]
         telemetry=recorder, monitors=recorder, access=Access(path),  # type: ignore[arg-type]
     )  # fmt: skip
     return TestClient(asgi(frontend)), scoped, anything
@@ -113,7 +95,7 @@ def test_a_key_over_its_rate_gets_429_with_retry_after(tmp_path):
 
 def test_a_request_shed_for_load_is_a_429_the_canary_does_not_count():
     recorder = Recorder(model_and_status)
-    shedding = Answering("m", error=Overloaded("3000 texts already wait", retry_after_s=1))
+    shedding = FakeVersion("m", error=Overloaded("3000 texts already wait", retry_after_s=1))
     frontend = Frontend(FrontendSettings(), None, served(shedding),  # type: ignore[arg-type]
                         telemetry=recorder, monitors=recorder)  # type: ignore[arg-type]  # fmt: skip
     answer = TestClient(asgi(frontend)).post("/v1/models/m/predict", json={"inputs": "hi"})
@@ -129,7 +111,7 @@ def test_a_stalled_upload_gets_a_408_and_past_the_slow_budget_at_once():
 async def _stalled_uploads() -> None:
     recorder = Recorder(model_and_status)
     settings = FrontendSettings(body_timeout_s=0.5)
-    frontend = Frontend(settings, None, served(Answering("m")), telemetry=recorder,  # type: ignore[arg-type]
+    frontend = Frontend(settings, None, served(FakeVersion("m")), telemetry=recorder,  # type: ignore[arg-type]
                         monitors=recorder, uploads=SlowUploads(1, grace_s=0.05))  # type: ignore[arg-type]  # fmt: skip
     scope = {"type": "http", "method": "POST", "path": "/v1/models/m/predict", "query_string": b"",
              "headers": [(b"content-type", b"application/json")]}  # fmt: skip
