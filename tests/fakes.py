@@ -1,6 +1,15 @@
-"""The stand-ins the tests share, each written once: what it replaces, and why a test that
-passes against it would pass against the real thing.
+"""The stand-ins the tests share, each written once with what it replaces and why a test
+that passes against it would pass against the real thing:
 
+- ``asgi``: a front-end served as Ray Serve's ingress serves it;
+- ``FakeClock``: time that moves only when a test moves it;
+- ``Recorder``: a replica's telemetry and monitors, keeping what they were told;
+- ``FakeVersion``: a loaded version that answers at once, fails or hangs;
+- ``FakeTritonBackend``: Triton for inference, computing what a test chooses;
+- ``FakeTritonControl``: Triton's control API, loading and unloading in memory;
+- ``MemoryRegistry``: MLflow's model registry in memory, artifacts from a folder.
+
+A stand-in that only one test module needs, and that behaves otherwise, stays there.
 pytest puts tests/ on the path (``pythonpath`` in pyproject.toml): ``from fakes import ...``.
 """
 
@@ -10,16 +19,19 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from starlette.requests import Request
 
 from infergate.errors import RegistrationError
-from infergate.protocols.frontend import Frontend
-from infergate.registry import RegisteredModel
-from infergate.serving.runtime import ModelRuntime, Prediction, Timings
+from infergate.serving.runtime import Prediction, Timings
 from infergate.versions import SPEC_FILE, ServedVersion
+
+if TYPE_CHECKING:
+    from infergate.protocols.frontend import Frontend
+    from infergate.registry import RegisteredModel
+    from infergate.serving.runtime import ModelRuntime
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
