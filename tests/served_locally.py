@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from fakes import asgi
 from infergate.config import FrontendSettings
 from infergate.observe.monitor import Monitors
 from infergate.observe.telemetry import NullTelemetry
@@ -50,9 +50,4 @@ def serve_locally(source: Path, task: str, out: Path, name: str = "m") -> Local:
     backend = OnnxBackend(built.onnx_path)
     models = {name: ServedModel(name, task, (runtime,))}
     frontend = Frontend(FrontendSettings(), backend, models, monitors=Monitors(NullTelemetry()))
-
-    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
-        response = await frontend.handle(Request(scope, receive))
-        await response(scope, receive, send)
-
-    return Local(built, runtime, frontend, TestClient(app), backend, reference)
+    return Local(built, runtime, frontend, TestClient(asgi(frontend)), backend, reference)

@@ -8,13 +8,16 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
+from fakes import FakeClock
 from infergate.config import AdminSettings
 from infergate.control.admin import MAX_BODY_BYTES, AdminApi, check_exposure
 from infergate.control.webhooks import sign
 from infergate.errors import StackError
 
 
-class Recorder:
+class Rollouts:
+    """Stands in for the rollout manager: records the commands it was given."""
+
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
@@ -28,9 +31,9 @@ class Recorder:
 
 @pytest.fixture
 def api():
-    recorder, reconciles = Recorder(), []
+    recorder, reconciles = Rollouts(), []
     admin = AdminApi(recorder, lambda: reconciles.append(1), token="t0k", webhook_secret="s",
-                     clock=lambda: 1000.0)  # fmt: skip
+                     clock=FakeClock())  # fmt: skip
     return TestClient(admin.app), recorder, reconciles
 
 

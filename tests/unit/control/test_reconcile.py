@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fake_triton import FakeTriton
+from fakes import FakeTritonControl, MemoryRegistry
 from infergate.config import TritonSettings
 from infergate.control import reconcile
 from infergate.control.reconcile import ControlPlane
@@ -20,7 +20,7 @@ from infergate.triton.fleet import TritonFleet
 from infergate.versions import CANARY, CHAMPION, ServedVersion
 
 
-def fleet_of(triton: FakeTriton, repository) -> TritonFleet:
+def fleet_of(triton: FakeTritonControl, repository) -> TritonFleet:
     """One Triton at one address, reading ``repository``."""
     return TritonFleet(
         TritonSettings(), repository, connect=lambda url: triton, resolve=lambda host: ["10.0.0.1"]
@@ -35,7 +35,7 @@ class Plane(ControlPlane):
         self.failures: list[tuple[str, str]] = []
         self.broken: set[str] = set()
         self.wanted = desired
-        self.triton = FakeTriton()
+        self.triton = FakeTritonControl()
         super().__init__(
             registry=None,
             fleet=fleet_of(self.triton, tmp_path),
@@ -154,19 +154,6 @@ def test_replicas_stop_using_a_version_before_triton_reloads_it_from_other_files
     assert plane.events == []
 
 
-class FilesRegistry:
-    """Serves every version's artifacts from one folder (the part ``_load`` uses)."""
-
-    def __init__(self, folder) -> None:
-        self.folder = folder
-
-    def download(self, source: str, relative: str, dst):
-        return self.folder / relative
-
-    def load_spec(self, source: str, cache) -> dict:
-        return json.loads((self.folder / "infergate.json").read_text())
-
-
 def test_a_version_whose_tokenizer_cannot_be_read_never_reaches_triton(tmp_path):
     """Replicas load the tokenizer, spec and drift reference; the control plane reads them
     first, so such a version fails like one Triton cannot load (canary rolled back, a new
@@ -178,10 +165,10 @@ def test_a_version_whose_tokenizer_cannot_be_read_never_reaches_triton(tmp_path)
     spec = {"task": "text-classification", "labels": ["a", "b"], "output_name": "logits",
             "output_dim": 2, "max_length": 16}  # fmt: skip
     (files / "infergate.json").write_text(json.dumps(spec))
-    triton = FakeTriton()
+    triton = FakeTritonControl()
     failures: list[str] = []
     plane = ControlPlane(
-        registry=FilesRegistry(files),
+        registry=MemoryRegistry(files=files),
         fleet=fleet_of(triton, tmp_path / "repository"),
         cache_dir=tmp_path / "cache",
         deploy=lambda table: None,
@@ -200,7 +187,7 @@ def test_a_version_of_another_task_than_its_model_never_reaches_triton(tmp_path,
     with vectors: it fails like a version Triton cannot load."""
     embedding = SimpleNamespace(spec=SimpleNamespace(task="feature-extraction"))
     monkeypatch.setattr(reconcile, "load_version", lambda *args: embedding)
-    triton, failures = FakeTriton(), []
+    triton, failures = FakeTritonControl(), []
     plane = ControlPlane(
         registry=None,
         fleet=fleet_of(triton, tmp_path / "repository"),

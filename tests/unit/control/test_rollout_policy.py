@@ -3,6 +3,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from fakes import FakeClock
 from infergate.control.policy import (
     SLOWER_Z,
     RolloutPolicy,
@@ -22,15 +23,6 @@ HEALTHY = VersionWindow(requests=100, errors=0, p95_ms=10.0, output_shares=(0.5,
 
 def window(**kw) -> VersionWindow:
     return VersionWindow(**{**HEALTHY.__dict__, **kw})
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def advance(self, seconds: float) -> float:
-        self.now += seconds
-        return self.now
 
 
 def test_auto_rollout_walks_every_step_then_promotes():

@@ -7,53 +7,13 @@ The same commands against the real MLflow registry and stack: tests/e2e/test_can
 import numpy as np
 import pytest
 
+from fakes import FakeClock, MemoryRegistry
 from infergate.control.rollouts import AUTO_CANARY_TAG, Rollouts
 from infergate.control.windows import StepWindows
 from infergate.errors import InvalidInput, RolloutConflict
 from infergate.observe.counters import VersionCounters
 from infergate.registry import RegisteredModel
 from infergate.versions import CANARY, CHAMPION
-
-
-class MemoryRegistry:
-    """The part of ``Registry`` that ``Rollouts`` uses."""
-
-    def __init__(self, *models: RegisteredModel) -> None:
-        self._models = {m.name: m for m in models}
-        self._runs = {m.name: "run-1" for m in models}
-        self.tasks: dict[tuple[str, str], str] = {}  # versions of another task than their model
-
-    def models(self) -> list[RegisteredModel]:
-        return list(self._models.values())
-
-    def model(self, name: str) -> RegisteredModel:
-        return self._models[name]
-
-    def version_source(self, name: str, version: str) -> str:
-        return f"runs:/{self._runs[name]}/{name}/{version}"
-
-    def version_task(self, name: str, version: str) -> str:
-        return self.tasks.get((name, version), self._models[name].task)
-
-    def register_again(self, model: RegisteredModel, run: str) -> None:
-        """Delete ``model.name`` and register it again; its versions come from ``run``."""
-        self._models[model.name], self._runs[model.name] = model, run
-
-    def set_model_tags(self, name: str, tags: dict[str, str]) -> None:
-        self._models[name].tags.update(tags)
-
-    def delete_model_tags(self, name: str, keys: list[str]) -> None:
-        for key in keys:
-            self._models[name].tags.pop(key, None)
-
-    def set_version_tags(self, name: str, version: str, tags: dict[str, str]) -> None:
-        pass
-
-    def set_alias(self, name: str, alias: str, version: str) -> None:
-        self._models[name].aliases[alias] = version
-
-    def delete_alias(self, name: str, alias: str) -> None:
-        self._models[name].aliases.pop(alias, None)
 
 
 def registered(name: str, tags: dict[str, str] | None = None, **aliases: str) -> RegisteredModel:
@@ -67,7 +27,7 @@ def test_a_policy_tag_that_cannot_be_read_stops_no_rollout():
         registered("b", champion="1", canary="2"),
         registered("c", typo, champion="1"),
     )
-    rollouts = Rollouts(registry, stats=dict, clock=lambda: 1000.0)
+    rollouts = Rollouts(registry, stats=dict, clock=FakeClock())
     served = {(v.name, v.version): v.weight for v in rollouts.desired()}
     assert served == {("a", "1"): 90, ("a", "2"): 10, ("b", "1"): 90, ("b", "2"): 10,
                       ("c", "1"): 100}  # fmt: skip
@@ -105,7 +65,7 @@ def test_a_new_version_of_an_auto_canary_model(aliases, becomes_canary):
 def test_status_shows_the_latest_analysis_and_a_new_rollout_none_of_the_last():
     registry = MemoryRegistry(registered("a", champion="1", canary="2"))
     counters: dict[str, VersionCounters] = {}
-    rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=lambda: 1000.0)
+    rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=FakeClock())
     rollouts.desired()
     rollouts.tick()
     assert rollouts.status("a").to_dict()["last_reason"].startswith("waiting for traffic")
@@ -132,21 +92,12 @@ def test_a_canary_alias_left_on_the_champion_is_no_rollout():
     # Promoted by moving the champion alias in MLflow; the state tags are still there.
     model = registered("a", champion="2", canary="2")
     registry = MemoryRegistry(model)
-    rollouts = Rollouts(registry, stats=dict, clock=lambda: 1000.0)
+    rollouts = Rollouts(registry, stats=dict, clock=FakeClock())
     rollouts.start("a", "3", weight=None, mode="auto")  # the state tags of a rollout of 3
     registry.set_alias("a", CHAMPION, "3")
     assert rollouts.status("a").state is None and rollouts.tick() == []
     rollouts.start("a", "4", weight=None, mode="auto")  # no conflict with the stale tags
     assert model.aliases == {CHAMPION: "3", CANARY: "4"}
-
-
-class RecordingRegistry(MemoryRegistry):
-    def __init__(self, *models: RegisteredModel) -> None:
-        super().__init__(*models)
-        self.version_tags: dict[tuple[str, str], dict[str, str]] = {}
-
-    def set_version_tags(self, name: str, version: str, tags: dict[str, str]) -> None:
-        self.version_tags.setdefault((name, version), {}).update(tags)
 
 
 @pytest.mark.parametrize(
@@ -158,8 +109,8 @@ class RecordingRegistry(MemoryRegistry):
 )  # fmt: skip
 def test_a_rollout_ended_in_mlflow_is_recorded_like_one_ended_by_command(move, summary, tag):
     model = registered("a", champion="1")
-    registry = RecordingRegistry(model)
-    rollouts = Rollouts(registry, stats=dict, clock=lambda: 1000.0)
+    registry = MemoryRegistry(model)
+    rollouts = Rollouts(registry, stats=dict, clock=FakeClock())
     rollouts.start("a", "2", weight=None, mode="auto")
     if move == "remove canary":
         registry.delete_alias("a", CANARY)
@@ -178,7 +129,7 @@ def test_a_canary_alias_just_set_in_mlflow_is_seen_by_status_and_commands():
     the rollout and the commands act on it (they said there was no canary)."""
     model = registered("a", champion="1")
     registry = MemoryRegistry(model)
-    rollouts = Rollouts(registry, stats=dict, clock=lambda: 1000.0)
+    rollouts = Rollouts(registry, stats=dict, clock=FakeClock())
     registry.set_alias("a", CANARY, "2")
     shown = rollouts.status("a").to_dict()
     assert (shown["canary"], shown["weight"], shown["mode"]) == ("2", 10, "auto")
@@ -196,7 +147,7 @@ def test_a_canary_alias_just_set_in_mlflow_is_seen_by_status_and_commands():
 def test_set_weight_shows_the_new_weight_at_once():
     registry = MemoryRegistry(registered("a", champion="1"))
     counters = {"a/2": VersionCounters(requests=40), "a/1": VersionCounters(requests=300)}
-    rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=lambda: 1000.0)
+    rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=FakeClock())
     rollouts.start("a", "2", weight=50, mode="manual")
     rollouts.tick()
     assert rollouts.status("a").to_dict()["last_reason"] == "manual mode, holding at weight 50"
@@ -227,19 +178,19 @@ def test_the_last_step_is_judged_against_the_champion_of_the_step_before():
     policy = {"infergate.rollout.policy.steps": "50,100",
               "infergate.rollout.policy.step_interval_s": "60"}  # fmt: skip
     registry = MemoryRegistry(registered("a", policy, champion="1"))
-    now = [1000.0]
+    clock = FakeClock()
     counters = {"a/1": VersionCounters(), "a/2": VersionCounters()}
-    rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=lambda: now[0])
+    rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=clock)
     rollouts.start("a", "2", weight=None, mode="auto")
     rollouts.tick()  # the step's window starts here
     counters["a/1"] = served_for(counters["a/1"], 10.0, 200)
     counters["a/2"] = served_for(counters["a/2"], 10.0, 200)
-    now[0] += 61
+    clock.advance(61)
     assert [d.action for _, d in rollouts.tick()] == ["advance"]
     assert rollouts.status("a").state.weight == 100
     rollouts.tick()  # the 100 % step's window starts here
     counters["a/2"] = served_for(counters["a/2"], 40.0, 200)
-    now[0] += 61
+    clock.advance(61)
     (decision,) = [d for _, d in rollouts.tick()]
     assert decision.action == "rollback" and "p95 latency" in decision.reason
     assert decision.figures["champion_requests"] == 200  # the 50 % step's
@@ -250,14 +201,14 @@ def test_an_earlier_window_stands_in_only_at_100_and_only_for_the_same_champion(
     policy = {"infergate.rollout.policy.steps": "25,50,100",
               "infergate.rollout.policy.step_interval_s": "60"}  # fmt: skip
     registry = MemoryRegistry(registered("a", policy, champion="1"))
-    now = [1000.0]
+    clock = FakeClock()
     counters = {key: VersionCounters() for key in ("a/1", "a/2", "a/3")}
-    rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=lambda: now[0])
+    rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=clock)
     rollouts.start("a", "2", weight=None, mode="auto")
     rollouts.tick()
     counters["a/1"] = served_for(counters["a/1"], 10.0, 200)
     counters["a/2"] = served_for(counters["a/2"], 10.0, 200)
-    now[0] += 61
+    clock.advance(61)
     rollouts.tick()  # advance to 50 %
     rollouts.tick()  # the 50 % step's window starts here
     counters["a/2"] = served_for(counters["a/2"], 10.0, 40)
@@ -293,12 +244,12 @@ def test_a_control_plane_restarted_mid_rollout_goes_on_with_the_steps_figures(tm
     policy = {"infergate.rollout.policy.steps": "50,100",
               "infergate.rollout.policy.step_interval_s": "60"}  # fmt: skip
     registry = MemoryRegistry(registered("a", policy, champion="1"))
-    now = [1000.0]
+    clock = FakeClock()
     counters = {"a/1": VersionCounters(), "a/2": VersionCounters()}
     path = tmp_path / "rollout-windows.json"
 
     def control_plane() -> Rollouts:
-        return Rollouts(registry, stats=lambda: dict(counters), clock=lambda: now[0],
+        return Rollouts(registry, stats=lambda: dict(counters), clock=clock,
                         windows=StepWindows(path))  # fmt: skip
 
     rollouts = control_plane()
@@ -306,14 +257,14 @@ def test_a_control_plane_restarted_mid_rollout_goes_on_with_the_steps_figures(tm
     rollouts.tick()
     counters["a/1"] = served_for(counters["a/1"], 10.0, 200)
     counters["a/2"] = served_for(counters["a/2"], 10.0, 200)
-    now[0] += 61
+    clock.advance(61)
     assert [d.action for _, d in rollouts.tick()] == ["advance"]
     rollouts.tick()  # the 100 % step's window starts here
     counters["a/2"] = served_for(counters["a/2"], 40.0, 60)
     rollouts.tick()
     restarted = control_plane()  # the process is gone; the file stays
     counters = {"a/1": VersionCounters(), "a/2": served_for(VersionCounters(), 40.0, 60)}
-    now[0] += 61
+    clock.advance(61)
     (decision,) = [d for _, d in restarted.tick()]
     assert decision.action == "rollback" and "p95 latency" in decision.reason
     assert decision.figures["champion_requests"] == 200  # the 50 % step's, kept

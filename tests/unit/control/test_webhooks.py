@@ -1,6 +1,7 @@
 import orjson
 import pytest
 
+from fakes import FakeClock
 from infergate.control.webhooks import TIMESTAMP_TOLERANCE_S, SeenDeliveries, sign, verify
 from infergate.errors import MalformedBody, Unauthorized
 
@@ -71,17 +72,17 @@ def test_repeated_deliveries_are_seen_once_and_memory_is_bounded():
 
 def test_handled_deliveries_outlive_a_restart_for_as_long_as_their_signature(tmp_path):
     journal = tmp_path / "deliveries.log"
-    now = [1_000_000.0]
-    seen = SeenDeliveries(journal=journal, clock=lambda: now[0])
+    clock = FakeClock(1_000_000.0)
+    seen = SeenDeliveries(journal=journal, clock=clock)
     assert seen.first_time("d1")
     seen.handled("d1")
     assert seen.first_time("d2")  # under way when the process died: not handled
-    now[0] += 100
-    restarted = SeenDeliveries(journal=journal, clock=lambda: now[0])
+    clock.advance(100)
+    restarted = SeenDeliveries(journal=journal, clock=clock)
     assert not restarted.first_time("d1")  # a replay is still refused
     assert restarted.first_time("d2")
-    now[0] += TIMESTAMP_TOLERANCE_S  # d1's signature is stale now: no need to keep it
-    again = SeenDeliveries(journal=journal, clock=lambda: now[0])
+    clock.advance(TIMESTAMP_TOLERANCE_S)  # d1's signature is stale now: no need to keep it
+    again = SeenDeliveries(journal=journal, clock=clock)
     assert again.first_time("d1")
     assert journal.read_text() == ""
 
@@ -89,6 +90,6 @@ def test_handled_deliveries_outlive_a_restart_for_as_long_as_their_signature(tmp
 def test_a_journal_line_cut_short_by_a_crash_is_skipped(tmp_path):
     journal = tmp_path / "deliveries.log"
     journal.write_text("1000.0 good\n10")
-    seen = SeenDeliveries(journal=journal, clock=lambda: 1001.0)
+    seen = SeenDeliveries(journal=journal, clock=FakeClock(1001.0))
     assert not seen.first_time("good")
     assert seen.first_time("10")

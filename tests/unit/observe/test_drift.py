@@ -3,18 +3,11 @@ import math
 import numpy as np
 import pytest
 
+from fakes import FakeClock
 from infergate.observe.drift import DriftWindow, psi
 from infergate.observe.reference import reference_stats
 
 LABELS = ["negative", "neutral", "positive"]
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_psi_hand_computed():

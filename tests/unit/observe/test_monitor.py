@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from fakes import FakeClock, Recorder
 from infergate.observe.monitor import Monitors
 from infergate.observe.reference import reference_stats
 from infergate.serving.runtime import Prediction, Timings
@@ -13,21 +14,6 @@ from infergate.serving.tokenization import Batch
 from infergate.versions import ServedVersion
 
 LABELS = ["negative", "positive"]
-
-
-class Clock:
-    now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.drifts: list[dict] = []
-
-    def drift(self, model, version, scores):
-        self.drifts.append(dict(scores))
 
 
 def runtime(reference: dict) -> SimpleNamespace:
@@ -46,7 +32,7 @@ def prediction(n: int, positive: float) -> Prediction:
 def test_counts_errors_latency_and_classes_per_version():
     reference = reference_stats("text-classification", np.full(100, 10), np.zeros(100),
                                 np.tile([0.2, 0.8], (100, 1)), LABELS)  # fmt: skip
-    monitors = Monitors(Recorder(), clock=Clock())
+    monitors = Monitors(Recorder(), clock=FakeClock(0.0))
     rt = runtime(reference)
     monitors.record(rt, 200, 0.004, prediction(3, 0.9))
     monitors.record(rt, 503, 0.5, None)
@@ -57,7 +43,7 @@ def test_counts_errors_latency_and_classes_per_version():
 
 
 def test_one_request_of_many_texts_weighs_as_one_in_the_output_shares():
-    monitors = Monitors(Recorder(), clock=Clock())
+    monitors = Monitors(Recorder(), clock=FakeClock(0.0))
     rt = runtime({})
     for _ in range(99):
         monitors.record(rt, 200, 0.004, prediction(1, 0.9))  # positive
@@ -68,7 +54,7 @@ def test_one_request_of_many_texts_weighs_as_one_in_the_output_shares():
 def test_drift_is_published_then_marked_stale_when_the_window_drains():
     reference = reference_stats("text-classification", np.full(100, 10), np.zeros(100),
                                 np.tile([0.2, 0.8], (100, 1)), LABELS)  # fmt: skip
-    clock, recorder = Clock(), Recorder()
+    clock, recorder = FakeClock(0.0), Recorder()
     monitors = Monitors(recorder, clock=clock, publish_interval_s=1.0)
     rt = runtime(reference)
     monitors.record(rt, 200, 0.004, prediction(60, 0.1))  # the opposite class: big drift

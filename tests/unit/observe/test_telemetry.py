@@ -57,7 +57,7 @@ def prediction(raw: np.ndarray, labels: list[str]) -> Prediction:
     return Prediction([], batch, raw, Timings(0.001, 0.002, 0.0005), labels)
 
 
-class Recorder:
+class Gauge:
     """Stands in for a Ray gauge: remembers what was set last, per label set."""
 
     def __init__(self) -> None:
@@ -69,7 +69,7 @@ class Recorder:
 
 def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
     telemetry = RayTelemetry()
-    gauges = {name: Recorder() for name in telemetry._gauges}
+    gauges = {name: Gauge() for name in telemetry._gauges}
     telemetry._gauges = gauges
     telemetry.request("s", "1", 200, prediction(np.array([[0.2, 0.8], [0.9, 0.1]]),
                                                 ["neg", "pos"]), 0.004)  # fmt: skip

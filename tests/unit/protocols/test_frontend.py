@@ -10,47 +10,16 @@ import pytest
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from fakes import FakeVersion, Recorder, asgi
 from infergate.config import FrontendSettings
 from infergate.protocols.frontend import Frontend
 from infergate.serving.inference import CLIENT_CLOSED_REQUEST
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import drain
-from infergate.versions import ServedVersion
 
 
-class Recorder:
-    """Telemetry and monitors in one: what the handler reported of each request."""
-
-    def __init__(self) -> None:
-        self.requests: list[int] = []
-        self.monitored: list[int] = []
-
-    def request(self, model, version, status, prediction, seconds) -> None:
-        self.requests.append(status)
-
-    def record(self, runtime, status, seconds, prediction) -> None:
-        self.monitored.append(status)
-
-
-class StuckRuntime:
-    """A version whose backend never answers."""
-
-    served = ServedVersion("m", "1", "text-classification", "src", "champion", 100)
-
-    def __init__(self) -> None:
-        self.called = asyncio.Event()
-
-    async def predict(self, texts, parameters, backend):
-        self.called.set()
-        await asyncio.Event().wait()
-
-
-def asgi(frontend: Frontend):
-    async def app(scope, receive, send):
-        response = await frontend.handle(Request(scope, receive))
-        await response(scope, receive, send)
-
-    return app
+def status_only(model: str, version: str, status: int) -> int:
+    return status
 
 
 def test_a_replica_without_its_table_answers_503_not_404():
@@ -71,7 +40,7 @@ def test_a_replica_missing_versions_of_its_table_is_not_ready_and_counts_them_by
     recorder = Recorder()
     recorder.labels = []
     recorder.request = lambda model, *rest: recorder.labels.append(model)
-    runtime = StuckRuntime()
+    runtime = FakeVersion(stuck=True)
     model = ServedModel("m", "text-classification", (runtime,))  # type: ignore[arg-type]
     frontend = Frontend(FrontendSettings(), None, {"m": model}, telemetry=recorder,
                         loading=frozenset({"b"}), missing=("b v7", "m v2"))  # type: ignore[arg-type]  # fmt: skip
@@ -89,7 +58,7 @@ def test_a_client_that_goes_away_is_recorded_as_499():
 
 
 async def _client_goes_away() -> None:
-    runtime, recorder = StuckRuntime(), Recorder()
+    runtime, recorder = FakeVersion(stuck=True), Recorder(status_only)
     model = ServedModel("m", "text-classification", (runtime,))  # type: ignore[arg-type]
     frontend = Frontend(FrontendSettings(), None, {"m": model}, telemetry=recorder,
                         monitors=recorder)  # type: ignore[arg-type]  # fmt: skip
@@ -110,7 +79,7 @@ async def _client_goes_away() -> None:
 
 
 def test_a_client_that_goes_away_while_sending_its_body_is_recorded_as_499():
-    runtime, recorder = StuckRuntime(), Recorder()
+    runtime, recorder = FakeVersion(stuck=True), Recorder(status_only)
     model = ServedModel("m", "text-classification", (runtime,))  # type: ignore[arg-type]
     frontend = Frontend(FrontendSettings(), None, {"m": model}, telemetry=recorder,
                         monitors=recorder)  # type: ignore[arg-type]  # fmt: skip
@@ -130,23 +99,13 @@ def test_a_client_that_goes_away_while_sending_its_body_is_recorded_as_499():
     assert not runtime.called.is_set()
 
 
-class Busy:
-    """A runtime with requests in flight until ``done`` runs."""
-
-    def __init__(self, in_flight: int) -> None:
-        self.in_flight = in_flight
-
-    def done(self) -> None:
-        self.in_flight = 0
-
-
 def test_a_version_leaving_the_table_is_drained_before_it_is_reported_gone():
     async def scenario() -> tuple[bool, bool, float]:
-        finishing, stuck = Busy(2), Busy(1)
+        finishing, stuck = FakeVersion(in_flight=2), FakeVersion(in_flight=1)
         asyncio.get_running_loop().call_later(0.05, finishing.done)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        drained = await drain([finishing, Busy(0)], timeout_s=5)  # type: ignore[list-item]
+        drained = await drain([finishing, FakeVersion()], timeout_s=5)  # type: ignore[list-item]
         waited = loop.time() - started
         return drained, await drain([stuck], timeout_s=0.05), waited  # type: ignore[list-item]
 
@@ -159,7 +118,7 @@ def test_a_request_counts_as_under_way_from_its_first_byte_to_its_answer():
     its body has picked no version yet, but it will pick one of the old table's."""
 
     async def scenario() -> tuple[int, int, int]:
-        runtime, recorder = StuckRuntime(), Recorder()
+        runtime, recorder = FakeVersion(stuck=True), Recorder(status_only)
         model = ServedModel("m", "text-classification", (runtime,))  # type: ignore[arg-type]
         frontend = Frontend(FrontendSettings(), None, {"m": model}, telemetry=recorder,
                             monitors=recorder)  # type: ignore[arg-type]  # fmt: skip

@@ -4,62 +4,25 @@ ingress)."""
 
 import asyncio
 
-import numpy as np
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from fakes import FakeVersion, Recorder, asgi
 from infergate.config import FrontendSettings
 from infergate.errors import Overloaded
 from infergate.http import SlowUploads
 from infergate.protocols.frontend import Frontend
 from infergate.serving.access import Access, KeyEntry, KeyFile, digest, new_key, write_keys
 from infergate.serving.routing import ServedModel
-from infergate.serving.runtime import Prediction, Timings
-from infergate.versions import ServedVersion
 
 
-class Answering:
-    """A version that labels every text 'pos', or fails with ``error``."""
-
-    def __init__(self, name: str, error: Exception | None = None) -> None:
-        self.served = ServedVersion(name, "1", "text-classification", "src", "champion", 100)
-        self.error = error
-        self.in_flight = 0
-
-    async def predict(self, texts, parameters, backend):
-        if self.error is not None:
-            raise self.error
-        outputs = [{"label": "pos", "score": 1.0} for _ in texts]
-        return Prediction(outputs, None, np.ones((len(texts), 2)), Timings(), [])  # type: ignore[arg-type]
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, int]] = []
-        self.callers: list[tuple[str, str, int]] = []
-        self.monitored: list[int] = []
-
-    def request(self, model, version, status, prediction, seconds) -> None:
-        self.requests.append((model, status))
-
-    def caller(self, key, model, status) -> None:
-        self.callers.append((key, model, status))
-
-    def record(self, runtime, status, seconds, prediction) -> None:
-        self.monitored.append(status)
+def model_and_status(model: str, version: str, status: int) -> tuple[str, int]:
+    return model, status
 
 
 def served(*runtimes) -> dict[str, ServedModel]:
     return {r.served.name: ServedModel(r.served.name, "text-classification", (r,))
             for r in runtimes}  # fmt: skip
-
-
-def asgi(frontend: Frontend):
-    async def app(scope, receive, send):
-        response = await frontend.handle(Request(scope, receive))
-        await response(scope, receive, send)
-
-    return app
 
 
 def with_keys(tmp_path, recorder, **limits):
@@ -70,14 +33,14 @@ def with_keys(tmp_path, recorder, **limits):
         KeyEntry(id="ops", sha256=digest(anything), models=("*",)),
     ]))  # fmt: skip
     frontend = Frontend(
-        FrontendSettings(), None, served(Answering("embed"), Answering("sentiment")),  # type: ignore[arg-type]
+        FrontendSettings(), None, served(FakeVersion("embed"), FakeVersion("sentiment")),  # type: ignore[arg-type]
         telemetry=recorder, monitors=recorder, access=Access(path),  # type: ignore[arg-type]
     )  # fmt: skip
     return TestClient(asgi(frontend)), scoped, anything
 
 
 def test_inference_and_model_listing_want_a_key_probes_do_not(tmp_path):
-    recorder = Recorder()
+    recorder = Recorder(model_and_status)
     client, scoped, _ = with_keys(tmp_path, recorder)
     refused = client.post("/v1/models/embed/predict", json={"inputs": "hi"})
     assert refused.status_code == 401 and refused.json()["type"] == "unauthorized"
@@ -96,7 +59,7 @@ def test_inference_and_model_listing_want_a_key_probes_do_not(tmp_path):
 
 def test_a_key_sees_and_calls_only_its_models(tmp_path, caplog):
     caplog.set_level("INFO", logger="infergate.serving.inference")
-    recorder = Recorder()
+    recorder = Recorder(model_and_status)
     client, scoped, anything = with_keys(tmp_path, recorder)
     mine = {"x-api-key": scoped}
     listed = client.get("/v1/models", headers=mine).json()["models"]
@@ -114,7 +77,7 @@ def test_a_key_sees_and_calls_only_its_models(tmp_path, caplog):
 
 
 def test_a_key_over_its_rate_gets_429_with_retry_after(tmp_path):
-    recorder = Recorder()
+    recorder = Recorder(model_and_status)
     client, scoped, _ = with_keys(tmp_path, recorder, requests_per_s=3)
     statuses = []
     for _ in range(6):
@@ -131,8 +94,8 @@ def test_a_key_over_its_rate_gets_429_with_retry_after(tmp_path):
 
 
 def test_a_request_shed_for_load_is_a_429_the_canary_does_not_count():
-    recorder = Recorder()
-    shedding = Answering("m", error=Overloaded("3000 texts already wait", retry_after_s=1))
+    recorder = Recorder(model_and_status)
+    shedding = FakeVersion("m", error=Overloaded("3000 texts already wait", retry_after_s=1))
     frontend = Frontend(FrontendSettings(), None, served(shedding),  # type: ignore[arg-type]
                         telemetry=recorder, monitors=recorder)  # type: ignore[arg-type]  # fmt: skip
     answer = TestClient(asgi(frontend)).post("/v1/models/m/predict", json={"inputs": "hi"})
@@ -146,9 +109,9 @@ def test_a_stalled_upload_gets_a_408_and_past_the_slow_budget_at_once():
 
 
 async def _stalled_uploads() -> None:
-    recorder = Recorder()
+    recorder = Recorder(model_and_status)
     settings = FrontendSettings(body_timeout_s=0.5)
-    frontend = Frontend(settings, None, served(Answering("m")), telemetry=recorder,  # type: ignore[arg-type]
+    frontend = Frontend(settings, None, served(FakeVersion("m")), telemetry=recorder,  # type: ignore[arg-type]
                         monitors=recorder, uploads=SlowUploads(1, grace_s=0.05))  # type: ignore[arg-type]  # fmt: skip
     scope = {"type": "http", "method": "POST", "path": "/v1/models/m/predict", "query_string": b"",
              "headers": [(b"content-type", b"application/json")]}  # fmt: skip

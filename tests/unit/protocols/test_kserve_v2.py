@@ -10,9 +10,9 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.http as triton_http
-from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from fakes import FakeTritonBackend, asgi
 from infergate.config import FrontendSettings
 from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
 from infergate.protocols.frontend import ROUTES, Frontend, openapi_document
@@ -369,31 +369,17 @@ def test_versions_that_disagree_leave_their_sizes_open(tokenizer):
 # -- the routes, on a front-end whose Triton is a stand-in -------------------------------
 
 
-class FakeTriton:
+def token_counts(model, input_ids, attention_mask, output_name) -> np.ndarray:
     """Logits that favour "positive" as texts grow; embeddings made of token counts."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    async def infer(self, model, input_ids, attention_mask, output_name):
-        self.calls.append(model)
-        tokens = attention_mask.sum(axis=1).astype(np.float32)
-        if output_name == "logits":
-            return np.stack([6.0 - tokens, tokens - 6.0], axis=1)
-        return np.stack([tokens, tokens + 1, 2 * tokens, np.ones_like(tokens)], axis=1)
-
-
-def asgi(frontend: Frontend):
-    async def app(scope, receive, send):
-        response = await frontend.handle(Request(scope, receive))
-        await response(scope, receive, send)
-
-    return app
+    tokens = attention_mask.sum(axis=1).astype(np.float32)
+    if output_name == "logits":
+        return np.stack([6.0 - tokens, tokens - 6.0], axis=1)
+    return np.stack([tokens, tokens + 1, 2 * tokens, np.ones_like(tokens)], axis=1)
 
 
 @pytest.fixture(scope="module")
-def triton() -> FakeTriton:
-    return FakeTriton()
+def triton() -> FakeTritonBackend:
+    return FakeTritonBackend(outputs=token_counts)
 
 
 @pytest.fixture(scope="module")

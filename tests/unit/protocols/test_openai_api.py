@@ -16,9 +16,9 @@ import numpy as np
 import openai
 import orjson
 import pytest
-from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from fakes import FakeTritonBackend, Recorder, asgi
 from infergate.config import FrontendSettings
 from infergate.errors import InvalidInput, MalformedBody, Overloaded, PayloadTooLarge
 from infergate.protocols.frontend import Frontend, openapi_document
@@ -123,35 +123,19 @@ def test_errors_in_openai_shape():
 # -- a front-end on a fake Triton ------------------------------------------------------------
 
 
-class FakeTriton:
+def seeded_by_tokens(model, input_ids, attention_mask, output_name) -> np.ndarray:
     """Embeddings of DIM that depend on a text's tokens only (not on the padding beside
-    it), not of unit length; two logits for the classifier. Records the models called."""
-
-    def __init__(self, error: Exception | None = None) -> None:
-        self.calls: list[str] = []
-        self.error = error
-
-    async def infer(self, model, input_ids, attention_mask, output_name) -> np.ndarray:
-        self.calls.append(model)
-        if self.error is not None:
-            raise self.error
-        seeds = (input_ids * attention_mask).sum(axis=1)
-        if model.startswith("sentiment"):
-            return np.array([[0.5, -0.5]] * len(seeds), dtype=np.float32)
-        shift = 1.0 if model.endswith("v2") else 0.0
-        rows = [np.random.default_rng(int(s)).normal(size=DIM) * 3 + shift for s in seeds]
-        return np.array(rows, dtype=np.float32)
+    it), not of unit length, and shifted for version 2; two logits for the classifier."""
+    seeds = (input_ids * attention_mask).sum(axis=1)
+    if model.startswith("sentiment"):
+        return np.array([[0.5, -0.5]] * len(seeds), dtype=np.float32)
+    shift = 1.0 if model.endswith("v2") else 0.0
+    rows = [np.random.default_rng(int(s)).normal(size=DIM) * 3 + shift for s in seeds]
+    return np.array(rows, dtype=np.float32)
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, str, int]] = []
-
-    def request(self, model, version, status, prediction, seconds) -> None:
-        self.requests.append((model, version, status))
-
-    def record(self, runtime, status, seconds, prediction) -> None:
-        pass
+def fake_triton(error: Exception | None = None) -> FakeTritonBackend:
+    return FakeTritonBackend(outputs=seeded_by_tokens, error=error)
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +149,7 @@ def runtime(tokenizer, name, task, version="1", role="champion", weight=100) -> 
     return ModelRuntime(served, Spec(task, labels, "out", DIM, 16), tokenizer)
 
 
-def frontend(tokenizer, triton: FakeTriton, recorder: Recorder | None = None) -> Frontend:
+def frontend(tokenizer, triton: FakeTritonBackend, recorder: Recorder | None = None) -> Frontend:
     embed = runtime(tokenizer, "embed", "feature-extraction")
     canary = runtime(tokenizer, "embed", "feature-extraction", "2", CANARY, 0)
     models = {
@@ -181,17 +165,9 @@ def frontend(tokenizer, triton: FakeTriton, recorder: Recorder | None = None) ->
     return Frontend(settings, triton, models, telemetry=recorder, monitors=recorder)  # type: ignore[arg-type]
 
 
-def asgi(front: Frontend):
-    async def app(scope, receive, send):
-        response = await front.handle(Request(scope, receive))
-        await response(scope, receive, send)
-
-    return app
-
-
 @pytest.fixture()
-def triton() -> FakeTriton:
-    return FakeTriton()
+def triton() -> FakeTritonBackend:
+    return fake_triton()
 
 
 @pytest.fixture()
@@ -293,7 +269,7 @@ def test_more_dimensions_than_the_model_has_are_refused_before_it_runs(client, t
 
 
 def test_bad_bodies_and_backend_failures_answer_in_openai_shape(tokenizer):
-    client = TestClient(asgi(frontend(tokenizer, FakeTriton())))
+    client = TestClient(asgi(frontend(tokenizer, fake_triton())))
     cases = [
         (client.post("/v1/embeddings", content=b"{", headers={"content-type": "application/json"}),
          400, "malformed_body"),
@@ -306,11 +282,11 @@ def test_bad_bodies_and_backend_failures_answer_in_openai_shape(tokenizer):
     ]  # fmt: skip
     for answer, status, code in cases:
         assert answer.status_code == status and openai_error(answer)["code"] == code
-    busy = TestClient(asgi(frontend(tokenizer, FakeTriton(Overloaded("busy", 2.0)))))
+    busy = TestClient(asgi(frontend(tokenizer, fake_triton(Overloaded("busy", 2.0)))))
     answer = embeddings(busy)
     assert answer.status_code == 429 and answer.headers["retry-after"] == "2"
     assert openai_error(answer)["type"] == "rate_limit_error"
-    broken = TestClient(asgi(frontend(tokenizer, FakeTriton(RuntimeError("secret detail")))))
+    broken = TestClient(asgi(frontend(tokenizer, fake_triton(RuntimeError("secret detail")))))
     answer = embeddings(broken)
     assert answer.status_code == 500 and openai_error(answer)["type"] == "server_error"
     assert "secret" not in answer.text

@@ -2,6 +2,7 @@ import os
 
 import pytest
 
+from fakes import FakeClock
 from infergate.errors import Forbidden, InvalidConfig, RateLimited, Unauthorized
 from infergate.serving.access import (
     OPEN,
@@ -14,14 +15,6 @@ from infergate.serving.access import (
     read_keys,
     write_keys,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def key_file(tmp_path, **limits):
@@ -97,7 +90,7 @@ def test_without_a_key_file_everyone_may_call_everything():
 
 
 def test_a_revoked_key_is_refused_once_the_file_changes(tmp_path):
-    clock = Clock()
+    clock = FakeClock(100.0)
     path, scoped, _ = key_file(tmp_path)
     access = Access(path, clock=clock)
     access.authenticate({"x-api-key": scoped})
@@ -111,7 +104,7 @@ def test_a_revoked_key_is_refused_once_the_file_changes(tmp_path):
 
 
 def test_a_broken_file_on_reload_keeps_the_keys_read_before(tmp_path, caplog):
-    clock = Clock()
+    clock = FakeClock(100.0)
     path, scoped, _ = key_file(tmp_path)
     access = Access(path, clock=clock)
     path.write_text("keys: [{id: x}]\n")
@@ -134,7 +127,7 @@ def test_ids_and_digests_must_be_unique(tmp_path):
 
 
 def test_requests_over_the_rate_get_a_429_with_when_to_come_back(tmp_path):
-    clock = Clock()
+    clock = FakeClock(100.0)
     path, scoped, _ = key_file(tmp_path, requests_per_s=2)
     access = Access(path, clock=clock)
     caller = access.authenticate({"x-api-key": scoped})
@@ -150,7 +143,7 @@ def test_requests_over_the_rate_get_a_429_with_when_to_come_back(tmp_path):
 
 
 def test_texts_are_limited_apart_from_requests_and_a_refusal_takes_nothing(tmp_path):
-    clock = Clock()
+    clock = FakeClock(100.0)
     path, scoped, _ = key_file(tmp_path, requests_per_s=100, texts_per_s=10)
     access = Access(path, clock=clock)
     caller = access.authenticate({"x-api-key": scoped})
@@ -169,7 +162,7 @@ def test_a_request_larger_than_the_burst_passes_on_a_full_bucket():
 
 
 def test_each_replica_enforces_its_share_of_a_keys_rate(tmp_path):
-    clock = Clock()
+    clock = FakeClock(100.0)
     path, scoped, _ = key_file(tmp_path, requests_per_s=10)
     access = Access(path, clock=clock)
     access.set_replicas(5)  # 2 requests/s here

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from fakes import FakeTritonBackend
 from infergate.config import FrontendSettings
 from infergate.errors import BackendUnavailable, ModelNotFound
 from infergate.observe.telemetry import NullTelemetry
@@ -15,25 +16,11 @@ from infergate.serving.replica import Replica
 from infergate.versions import CANARY, CHAMPION, ServedVersion
 
 
-class Triton:
-    """What a replica asks of its Triton client: where it points, and closing it."""
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self.url, self.timeout_s = url, timeout_s
-        self.closed = False
-
-    async def infer(self, *args):
-        raise AssertionError("no inference in these tests")
-
-    async def close(self) -> None:
-        self.closed = True
-
-
 def test_a_replaced_triton_channel_is_closed_once_its_batcher_is_idle(monkeypatch):
     monkeypatch.setattr(replica_module, "CLOSE_POLL_S", 0.01)
 
     async def scenario() -> tuple[bool, bool, Replica]:
-        replica = Replica(NullTelemetry(), connect=Triton)
+        replica = Replica(NullTelemetry(), connect=FakeTritonBackend)
         replica.configure(FrontendSettings(triton_grpc_url="127.0.0.1:1"))
         replaced, batcher = replica.backend.backend, replica.backend
         replica.configure(FrontendSettings(triton_grpc_url="127.0.0.1:2"))
@@ -72,7 +59,7 @@ def replica_with_table(tmp_path, broken: set[str]):
             raise OSError("the artifact store did not answer")
         return Runtime(served)
 
-    replica = Replica(NullTelemetry(), connect=Triton, load=load)
+    replica = Replica(NullTelemetry(), connect=FakeTritonBackend, load=load)
     replica.configure(FrontendSettings(artifact_cache_dir=tmp_path))
     return replica, loads
 

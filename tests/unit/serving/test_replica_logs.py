@@ -4,6 +4,7 @@ repeated per request is logged once per window."""
 import logging
 import logging.handlers
 
+from fakes import FakeClock
 from infergate.serving import replica_logs
 from infergate.serving.replica_logs import REPEATING_LOGGERS, RepeatLimit
 
@@ -34,8 +35,8 @@ def test_infergate_records_reach_the_replica_log_file_unbuffered(tmp_path):
 
 
 def test_a_failure_repeated_per_request_is_logged_once_per_window_with_a_count(caplog):
-    now = [100.0]
-    limit = RepeatLimit(10.0, clock=lambda: now[0])
+    clock = FakeClock(100.0)
+    limit = RepeatLimit(10.0, clock=clock)
     logger = logging.getLogger("test.repeat_limit")
     logger.addFilter(limit)
     warn = "Triton inference on %s (%d rows) failed: %s"
@@ -43,12 +44,12 @@ def test_a_failure_repeated_per_request_is_logged_once_per_window_with_a_count(c
         logger.warning(warn, "a__v1", rows, "UNAVAILABLE")
     logger.warning(warn, "b__v1", 2, "UNAVAILABLE")  # another model: another kind
     logger.error(warn, "a__v1", 2, "UNAVAILABLE")  # another level: another kind
-    now[0] = 109.0
+    clock.now = 109.0
     logger.warning(warn, "a__v1", 5, "UNAVAILABLE")
-    now[0] = 112.0
+    clock.now = 112.0
     logger.warning(warn, "a__v1", 4, "UNAVAILABLE")
     logger.warning(warn, "a__v1", 4, "UNAVAILABLE")
-    now[0] = 200.0
+    clock.now = 200.0
     logger.warning(warn, "a__v1", 6, "UNAVAILABLE")
     logger.removeFilter(limit)
     assert caplog.messages == [
@@ -63,8 +64,8 @@ def test_a_failure_repeated_per_request_is_logged_once_per_window_with_a_count(c
 
 
 def test_the_table_of_kinds_stays_bounded():
-    now = [0.0]
-    limit = RepeatLimit(10.0, clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    limit = RepeatLimit(10.0, clock=clock)
     records = [
         logging.LogRecord("x", logging.WARNING, __file__, 1, f"failure {kind}", (), None)
         for kind in ("a", "b", "c", "d")
@@ -72,6 +73,6 @@ def test_the_table_of_kinds_stays_bounded():
     limit.MAX_KINDS = 3
     assert all(limit.filter(record) for record in records)  # the fourth clears the table
     assert len(limit._kinds) == 1
-    now[0] = 20.0
+    clock.now = 20.0
     assert all(limit.filter(record) for record in records[:3])  # the old ones are pruned
     assert len(limit._kinds) == 3

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from fake_triton import FakeTriton
+from fakes import FakeTritonControl
 from infergate.config import TritonSettings
 from infergate.errors import BackendUnavailable
 from infergate.triton.fleet import PROBE_MODEL, TritonFleet, resolve
@@ -21,11 +21,11 @@ class Pods:
 
     def __init__(self, *addresses: str, native: bool = False) -> None:
         self.addresses = list(addresses)
-        self.tritons: dict[str, FakeTriton] = {}
+        self.tritons: dict[str, FakeTritonControl] = {}
         self.native = native
 
-    def connect(self, url: str) -> FakeTriton:
-        self.tritons[url] = FakeTriton(url, self.native)
+    def connect(self, url: str) -> FakeTritonControl:
+        self.tritons[url] = FakeTritonControl(url, self.native)
         return self.tritons[url]
 
     def fleet(self, repository=None, **settings) -> TritonFleet:

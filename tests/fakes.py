@@ -1,0 +1,307 @@
+"""The stand-ins the tests share, each written once with what it replaces and why a test
+that passes against it would pass against the real thing:
+
+- ``asgi``: a front-end served as Ray Serve's ingress serves it;
+- ``FakeClock``: time that moves only when a test moves it;
+- ``Recorder``: a replica's telemetry and monitors, keeping what they were told;
+- ``FakeVersion``: a loaded version that answers at once, fails or hangs;
+- ``FakeTritonBackend``: Triton for inference, computing what a test chooses;
+- ``FakeTritonControl``: Triton's control API, loading and unloading in memory;
+- ``MemoryRegistry``: MLflow's model registry in memory, artifacts from a folder.
+
+A stand-in that only one test module needs, and that behaves otherwise, stays there.
+pytest puts tests/ on the path (``pythonpath`` in pyproject.toml): ``from fakes import ...``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from starlette.requests import Request
+
+from infergate.errors import RegistrationError
+from infergate.serving.runtime import Prediction, Timings
+from infergate.versions import SPEC_FILE, ServedVersion
+
+if TYPE_CHECKING:
+    from infergate.protocols.frontend import Frontend
+    from infergate.registry import RegisteredModel
+    from infergate.serving.runtime import ModelRuntime
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+def asgi(frontend: Frontend) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """``frontend`` as an ASGI app, for starlette's ``TestClient`` or httpx's transport.
+
+    Ray Serve's ingress hands each request to the replica as a starlette ``Request``
+    (``serve_app``) and sends back the ``Response`` it gets: so does this, without Ray."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        response = await frontend.handle(Request(scope, receive))
+        await response(scope, receive, send)
+
+    return app
+
+
+class FakeClock:
+    """Stands in for ``time.monotonic`` (or ``time.time``) where code takes a ``clock``:
+    calling it reads ``now``, which moves only when a test sets it or calls ``advance``.
+
+    It starts at 1000 s rather than 0, so that an age measured from a forgotten zero
+    default cannot pass by chance; a test that needs another start passes it."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        """Move ``seconds`` on; the new time."""
+        self.now += seconds
+        return self.now
+
+
+def _model_version_status(model: str, version: str, status: int) -> object:
+    return model, version, status
+
+
+class Recorder:
+    """Stands in for a replica's ``Telemetry`` (``infergate.observe.telemetry``) and its
+    ``Monitors`` at once: it has every method of both, and keeps in order what each was
+    told where the real ones publish it to Ray. A test reads exactly what the front-end
+    reported, with nothing counted or aggregated on the way.
+
+    ``requests`` holds ``keep(model, version, status)`` of each request, so that a test
+    keeps the fields it is about (the status alone, say) and compares them whole."""
+
+    def __init__(self, keep: Callable[[str, str, int], object] = _model_version_status) -> None:
+        self.keep = keep
+        self.requests: list[Any] = []
+        self.callers: list[tuple[str, str, int]] = []
+        self.drifts: list[dict[tuple[str, str], float]] = []
+        self.weights: list[tuple[str, str, str, float]] = []
+        self.monitored: list[int] = []
+
+    def request(
+        self, model: str, version: str, status: int, prediction: Prediction | None, total_s: float
+    ) -> None:
+        self.requests.append(self.keep(model, version, status))
+
+    def caller(self, key: str, model: str, status: int) -> None:
+        self.callers.append((key, model, status))
+
+    def drift(self, model: str, version: str, scores: dict[tuple[str, str], float]) -> None:
+        self.drifts.append(dict(scores))
+
+    def weight(self, model: str, version: str, role: str, weight: float) -> None:
+        self.weights.append((model, version, role, weight))
+
+    def flush(self) -> None:
+        pass
+
+    def record(
+        self, runtime: ModelRuntime, status: int, seconds: float, prediction: Prediction | None
+    ) -> None:
+        self.monitored.append(status)
+
+
+class FakeVersion:
+    """Stands in for a loaded version, a ``ModelRuntime`` (``infergate.serving.runtime``), as
+    the front-end and ``drain`` use it: its ``served`` version, the requests inside its
+    ``predict`` (``in_flight``), and ``predict`` itself, which labels every text 'pos' at
+    once, or fails with ``error``, or with ``stuck`` never answers, as when its Triton
+    hangs. The front-end's handling around a version is what these tests check; running
+    a version is covered with a real model in tests/served_locally.py.
+
+    ``called`` is set once ``predict`` is; ``done`` answers the requests in flight."""
+
+    def __init__(
+        self,
+        name: str = "m",
+        *,
+        error: Exception | None = None,
+        stuck: bool = False,
+        in_flight: int = 0,
+    ) -> None:
+        self.served = ServedVersion(name, "1", "text-classification", "src", "champion", 100)
+        self.error, self.stuck, self.in_flight = error, stuck, in_flight
+        self.called = asyncio.Event()
+
+    async def predict(
+        self, texts: list[str], parameters: dict[str, Any], backend: object
+    ) -> Prediction:
+        self.called.set()
+        self.in_flight += 1
+        try:
+            if self.stuck:
+                await asyncio.Event().wait()
+            if self.error is not None:
+                raise self.error
+        finally:
+            self.in_flight -= 1
+        outputs = [{"label": "pos", "score": 1.0} for _ in texts]
+        return Prediction(outputs, None, np.ones((len(texts), 2)), Timings(), [])  # type: ignore[arg-type]
+
+    def done(self) -> None:
+        self.in_flight = 0
+
+
+Outputs = Callable[[str, np.ndarray, np.ndarray, str], np.ndarray]
+
+
+class FakeTritonBackend:
+    """Stands in for ``TritonBackend`` (``infergate.triton.client``), a replica's channel to
+    Triton for inference. ``infer`` takes what the real one takes (a Triton model's name, a
+    tokenized batch, the output to read) and returns that output for the batch, as Triton
+    does; what the model computes is ``outputs``, chosen by each test so that it can check
+    the answers by hand. Real models run in tests/onnx_backend.py and tests/e2e.
+
+    It records the Triton models called. With ``error`` every call fails with it, as when
+    Triton is away or sheds load; without ``outputs`` any call is a test's mistake."""
+
+    def __init__(
+        self,
+        url: str = "",
+        timeout_s: float = 30.0,
+        *,
+        outputs: Outputs | None = None,
+        error: Exception | None = None,
+    ) -> None:
+        self.url, self.timeout_s = url, timeout_s
+        self.outputs, self.error = outputs, error
+        self.calls: list[str] = []
+        self.closed = False
+
+    async def infer(
+        self,
+        model: str,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        output_name: str,
+        *,
+        extra: Mapping[str, np.ndarray] | None = None,
+    ) -> np.ndarray:
+        self.calls.append(model)
+        if self.error is not None:
+            raise self.error
+        if self.outputs is None:
+            raise AssertionError(f"no inference expected, yet {model} was called")
+        return self.outputs(model, input_ids, attention_mask, output_name)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeTritonControl:
+    """Stands in for ``TritonControl`` (``infergate.triton.client``), one Triton's control
+    API, for tests of what the control plane asks of it; real Triton runs in tests/e2e.
+
+    It records loads and unloads, and knows what is ready. Without ``native`` it refuses
+    models on the native ONNX Runtime backend, as the nvidia-pytriton wheel's Triton does."""
+
+    def __init__(self, url: str = "", native: bool = False) -> None:
+        self.url, self.native = url, native
+        self.loaded: list[str] = []
+        self.requests: list[tuple[str, dict]] = []  # the config and files sent with each
+        self.unloaded: list[str] = []
+        self.ready: set[str] = set()
+        self.closed = False
+        self.up = True  # False: it does not answer
+        self.refuse: str | None = None  # set: every load fails with this message
+
+    def load(
+        self,
+        model: str,
+        timeout_s: float,
+        *,
+        config: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        if self.refuse is not None:
+            raise RegistrationError(self.refuse)
+        if config and json.loads(config).get("platform") == "onnxruntime_onnx" and not self.native:
+            raise RegistrationError("unknown platform onnxruntime_onnx")
+        self.loaded.append(model)
+        self.requests.append((model, {"config": config, "files": files}))
+        self.ready.add(model)
+
+    def unload(self, model: str, timeout_s: float = 30.0) -> None:
+        self.unloaded.append(model)
+        self.ready.discard(model)
+
+    def is_ready(self, model: str) -> bool:
+        return model in self.ready
+
+    def server_ready(self) -> bool:
+        return self.up
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class MemoryRegistry:
+    """Stands in for ``Registry`` (``infergate.registry``), MLflow's model registry as the
+    control plane uses it: models with their aliases and tags held in memory, changed at
+    once as MLflow changes them, and every version's artifacts read from one folder,
+    ``files``, as ``Registry.download`` would have fetched them. The real registry is
+    covered in tests/e2e.
+
+    A model's versions come from one run, ``run-1`` until it is registered again; a version
+    has its model's task unless ``tasks`` says otherwise; version tags are kept by version.
+    """
+
+    def __init__(self, *models: RegisteredModel, files: Path | None = None) -> None:
+        self._models = {m.name: m for m in models}
+        self._runs = {m.name: "run-1" for m in models}
+        self.tasks: dict[tuple[str, str], str] = {}  # versions of another task than their model
+        self.version_tags: dict[tuple[str, str], dict[str, str]] = {}
+        self.files = files
+
+    def models(self) -> list[RegisteredModel]:
+        return list(self._models.values())
+
+    def model(self, name: str) -> RegisteredModel:
+        return self._models[name]
+
+    def version_source(self, name: str, version: str) -> str:
+        return f"runs:/{self._runs[name]}/{name}/{version}"
+
+    def version_task(self, name: str, version: str) -> str:
+        return self.tasks.get((name, version), self._models[name].task)
+
+    def register_again(self, model: RegisteredModel, run: str) -> None:
+        """Delete ``model.name`` and register it again; its versions come from ``run``."""
+        self._models[model.name], self._runs[model.name] = model, run
+
+    def set_model_tags(self, name: str, tags: Mapping[str, str]) -> None:
+        self._models[name].tags.update(tags)
+
+    def delete_model_tags(self, name: str, keys: list[str]) -> None:
+        for key in keys:
+            self._models[name].tags.pop(key, None)
+
+    def set_version_tags(self, name: str, version: str, tags: Mapping[str, str]) -> None:
+        self.version_tags.setdefault((name, version), {}).update(tags)
+
+    def set_alias(self, name: str, alias: str, version: str) -> None:
+        self._models[name].aliases[alias] = version
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        self._models[name].aliases.pop(alias, None)
+
+    def download(self, source: str, relative: str, dst: Path) -> Path:
+        if self.files is None:
+            raise FileNotFoundError(f"this registry holds no artifacts: {source}/{relative}")
+        return self.files / relative
+
+    def load_spec(self, source: str, cache: Path) -> dict[str, Any]:
+        return json.loads(self.download(source, SPEC_FILE, cache).read_text())
