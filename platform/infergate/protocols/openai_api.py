@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
+from pydantic import Field
 
 from infergate.errors import InfergateError, InvalidInput, ModelNotFound
 from infergate.protocols.wire import (
     Answer,
+    Body,
     Limits,
     PredictRequest,
-    json_object,
     json_type,
-    refuse_unknown_fields,
     validate_texts,
 )
 from infergate.serving.postprocess import l2_normalize
@@ -36,51 +36,78 @@ if TYPE_CHECKING:
     from infergate.serving.runtime import ModelRuntime
 
 EMBEDDING_TASK = "feature-extraction"
-ALLOWED_KEYS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 ENCODINGS = ("float", "base64")
 EXAMPLE = '{"model": "embed", "input": ["first text", "second text"]}'
 OWNER = "infergate"
 
 
+class EmbeddingsBody(Body):
+    """OpenAI's embeddings request; token-id inputs are refused."""
+
+    example: ClassVar[str] = EXAMPLE
+    model: str = Field(description="A served embedding model.", examples=["embed"])
+    input: str | list[str] = Field(
+        description="One text, or a list of texts (one embedding per text).",
+        examples=["A sentence to embed", ["first text", "second text"]],
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: the little-endian float32 bytes of each vector."
+    )
+    dimensions: int | None = Field(
+        None, ge=1, description="Keep the first dimensions, then scale to unit length."
+    )
+    user: str | None = Field(None, description="Accepted and ignored.")
+
+    @classmethod
+    def check(cls, payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
+        model = payload.get("model")
+        if model is None:
+            raise InvalidInput(
+                f"field 'model' is missing; name a served model, e.g. {EXAMPLE} "
+                "(GET /openai/v1/models lists them)",
+                param="model",
+            )
+        if not isinstance(model, str) or not model:
+            raise InvalidInput(
+                f"'model' must be the name of a served model, got {_shown(model)}", param="model"
+            )
+        if "input" not in payload:
+            raise InvalidInput(f"field 'input' is missing; expected {EXAMPLE}", param="input")
+        _refuse_token_ids(payload["input"])
+        texts = validate_texts(payload["input"], limits, "input")
+        encoding = payload.get("encoding_format")
+        if encoding is not None and encoding not in ENCODINGS:
+            raise InvalidInput(
+                f"'encoding_format' must be 'float' or 'base64', got {_shown(encoding)}",
+                param="encoding_format",
+            )
+        dimensions = payload.get("dimensions")
+        if dimensions is not None and (
+            not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1
+        ):
+            raise InvalidInput(
+                f"'dimensions' must be a whole number of at least 1, got {_shown(dimensions)}",
+                param="dimensions",
+            )
+        user = payload.get("user")
+        if user is not None and not isinstance(user, str):  # accepted, not used
+            raise InvalidInput(f"'user' must be a string, got {json_type(user)}", param="user")
+        return {
+            "model": model,
+            "input": texts,
+            "encoding_format": encoding or "float",
+            "dimensions": dimensions,
+            "user": user,
+        }
+
+
 def parse_embeddings(body: bytes, limits: Limits) -> PredictRequest:
     """An embeddings request: the model it names, its texts, and in ``extra`` the
     ``encoding_format`` and ``dimensions`` (None: all of the model's)."""
-    payload = json_object(body, limits, EXAMPLE)
-    refuse_unknown_fields(payload, ALLOWED_KEYS)
-    model = payload.get("model")
-    if model is None:
-        raise InvalidInput(
-            f"field 'model' is missing; name a served model, e.g. {EXAMPLE} "
-            "(GET /openai/v1/models lists them)",
-            param="model",
-        )
-    if not isinstance(model, str) or not model:
-        raise InvalidInput(
-            f"'model' must be the name of a served model, got {_shown(model)}", param="model"
-        )
-    if "input" not in payload:
-        raise InvalidInput(f"field 'input' is missing; expected {EXAMPLE}", param="input")
-    _refuse_token_ids(payload["input"])
-    texts = validate_texts(payload["input"], limits, "input")
-    encoding = payload.get("encoding_format")
-    if encoding is not None and encoding not in ENCODINGS:
-        raise InvalidInput(
-            f"'encoding_format' must be 'float' or 'base64', got {_shown(encoding)}",
-            param="encoding_format",
-        )
-    dimensions = payload.get("dimensions")
-    if dimensions is not None and (
-        not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1
-    ):
-        raise InvalidInput(
-            f"'dimensions' must be a whole number of at least 1, got {_shown(dimensions)}",
-            param="dimensions",
-        )
-    user = payload.get("user")
-    if user is not None and not isinstance(user, str):  # accepted, not used
-        raise InvalidInput(f"'user' must be a string, got {json_type(user)}", param="user")
-    extra = {"encoding_format": encoding or "float", "dimensions": dimensions}
-    return PredictRequest(texts=texts, model=model, extra=extra)
+    request = EmbeddingsBody.parse(body, limits)
+    texts = request.input if isinstance(request.input, list) else [request.input]
+    extra = {"encoding_format": request.encoding_format, "dimensions": request.dimensions}
+    return PredictRequest(texts=texts, model=request.model, extra=extra)
 
 
 def _refuse_token_ids(inputs: Any) -> None:

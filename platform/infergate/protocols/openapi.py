@@ -1,6 +1,8 @@
-"""The OpenAPI document of the HTTP API: typed models of its bodies, and the operation each
-route of ``infergate.protocols.frontend.ROUTES`` carries; the document is generated from
-that route table, so a route is declared once."""
+"""The OpenAPI document of the HTTP API, generated from what is declared once elsewhere:
+the route table (``infergate.protocols.frontend.ROUTES``, each route with its operation
+from here) and the request bodies each protocol parses with (``PredictBody``,
+``EmbeddingsBody``, ``RerankBody``...). The answers' models are here; a test renders each
+protocol's answers and validates them against these."""
 
 from __future__ import annotations
 
@@ -11,24 +13,10 @@ from pydantic import BaseModel, Field
 
 from infergate import __version__
 from infergate.observe.metrics import STAGES
+from infergate.protocols.openai_api import EmbeddingsBody
+from infergate.protocols.rerank import RerankBody, TeiRerankBody
 from infergate.protocols.routes import Route
-
-
-class PredictBody(BaseModel):
-    inputs: str | list[str] = Field(
-        description="One text, or a list of texts (one output per text).",
-        examples=["I love this film", ["first text", "second text"]],
-    )
-    parameters: dict[str, bool | str | int] = Field(
-        default_factory=dict,
-        description="Optional, per task. feature-extraction: 'normalize' (default true) "
-        "L2-normalises. text-ranking: 'query' (required), the query each text is scored "
-        "against; 'raw_scores' (default false): log-odds instead of 0..1 scores. "
-        "sparse-embedding: 'top_k', the k heaviest terms only. token-classification: "
-        "'aggregation_strategy', none, simple (default), first, max or average. "
-        "translation: 'beam_size' (1 to 8, default 1) and 'max_decoding_length' (1 to 512, "
-        "default 128).",
-    )
+from infergate.protocols.wire import PredictBody
 
 
 class Classification(BaseModel):
@@ -77,18 +65,6 @@ class PredictResponse(BaseModel):
     )
 
 
-class RerankBody(BaseModel):
-    query: str = Field(examples=["What is Deep Learning?"])
-    texts: list[str] = Field(description="The texts to rank against the query.")
-    top_n: int | None = Field(None, ge=1, description="Return the best n only.")
-    return_text: bool = Field(False, description="Include each text in its result.")
-    raw_scores: bool = Field(False, description="Log-odds instead of 0..1 scores.")
-    model: str | None = Field(
-        None,
-        description="POST /rerank only: the text-ranking model; without it, the only one served.",
-    )
-
-
 class RerankResult(BaseModel):
     index: int = Field(description="Position of the text in the request's texts.")
     score: float
@@ -120,23 +96,6 @@ class ModelList(BaseModel):
 class ErrorBody(BaseModel):
     error: str = Field(description="What was wrong and how to fix it.")
     type: str = Field(description="A stable machine-readable kind, e.g. invalid_input.")
-
-
-class EmbeddingsBody(BaseModel):
-    """OpenAI's embeddings request; token-id inputs are refused."""
-
-    model: str = Field(description="A served embedding model.", examples=["embed"])
-    input: str | list[str] = Field(
-        description="One text, or a list of texts (one embedding per text).",
-        examples=["A sentence to embed", ["first text", "second text"]],
-    )
-    encoding_format: Literal["float", "base64"] = Field(
-        "float", description="base64: the little-endian float32 bytes of each vector."
-    )
-    dimensions: int | None = Field(
-        None, ge=1, description="Keep the first dimensions, then scale to unit length."
-    )
-    user: str | None = Field(None, description="Accepted and ignored.")
 
 
 class Embedding(BaseModel):
@@ -317,7 +276,10 @@ def _rerank_operation(summary: str, tei: bool) -> dict[str, Any]:
     responses.update({code: _json(ErrorBody, text) for code, text in ERRORS.items()})
     return {
         "summary": summary,
-        "requestBody": {"required": True, **_json(RerankBody, "Query and texts")},
+        "requestBody": {
+            "required": True,
+            **_json(TeiRerankBody if tei else RerankBody, "Query and texts"),
+        },
         "responses": responses,
     }
 

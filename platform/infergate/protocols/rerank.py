@@ -15,17 +15,18 @@ a text. Each text is scored as the pair (query, text) (``infergate.tasks.ranking
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import Field
 
 from infergate.errors import InvalidInput
 from infergate.protocols.wire import (
     Answer,
+    Body,
     Limits,
     PredictRequest,
     check_texts,
-    json_object,
     json_type,
-    refuse_unknown_fields,
     validate_texts,
 )
 from infergate.tasks.ranking import ranked
@@ -34,20 +35,21 @@ if TYPE_CHECKING:
     from infergate.serving.runtime import ModelRuntime
 
 RANKING_TASK = "text-ranking"
-KEYS = frozenset({"query", "texts", "top_n", "return_text", "raw_scores"})
-# TEI's body also has "truncate" and "truncation_direction"; texts are always truncated
-# here (at the model's max length, longest of the pair first).
-TEI_KEYS = KEYS | {"model", "truncate"}
 EXAMPLE = '{"query": "What is Deep Learning?", "texts": ["Deep learning is...", "Cheese is..."]}'
 
 
-def rerank_parser(with_model: bool, default: Callable[[], str | None] | None = None) -> Any:
-    """The parser of a rerank body; ``with_model``: the body may name its model (``/rerank``),
-    else ``default()`` names it (the only served text-ranking model, if there is one)."""
+class RerankBody(Body):
+    """A rerank request: a query and the texts to rank against it."""
 
-    def parse(body: bytes, limits: Limits) -> PredictRequest:
-        payload = json_object(body, limits, EXAMPLE)
-        refuse_unknown_fields(payload, TEI_KEYS if with_model else KEYS)
+    example: ClassVar[str] = EXAMPLE
+    query: str = Field(examples=["What is Deep Learning?"])
+    texts: list[str] = Field(description="The texts to rank against the query.")
+    top_n: int | None = Field(None, ge=1, description="Return the best n only.")
+    return_text: bool = Field(False, description="Include each text in its result.")
+    raw_scores: bool = Field(False, description="Log-odds instead of 0..1 scores.")
+
+    @classmethod
+    def check(cls, payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
         for key in ("query", "texts"):
             if key not in payload:
                 raise InvalidInput(f"field {key!r} is missing; expected {EXAMPLE}", param=key)
@@ -60,21 +62,47 @@ def rerank_parser(with_model: bool, default: Callable[[], str | None] | None = N
             raise InvalidInput(
                 f"'texts' must be a list of strings, got {json_type(texts)}", param="texts"
             )
-        texts = validate_texts(texts, limits, "texts")
+        checked: dict[str, Any] = {"query": query, "texts": validate_texts(texts, limits, "texts")}
         top_n = payload.get("top_n")
         if top_n is not None and (
             not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1
         ):
             raise InvalidInput(f"'top_n' must be a positive integer, got {top_n!r}", param="top_n")
-        flags = {}
+        checked["top_n"] = top_n
         for key in ("return_text", "raw_scores", "truncate"):
             value = payload.get(key, False)
             if not isinstance(value, bool):
                 raise InvalidInput(f"{key!r} must be a boolean, got {json_type(value)}", param=key)
-            flags[key] = value
-        model = payload.get("model") if with_model else None
-        if model is not None and not isinstance(model, str):
-            raise InvalidInput(f"'model' must be a string, got {json_type(model)}", param="model")
+            if key in cls.model_fields:
+                checked[key] = value
+        if "model" in cls.model_fields:
+            model = payload.get("model")
+            if model is not None and not isinstance(model, str):
+                raise InvalidInput(
+                    f"'model' must be a string, got {json_type(model)}", param="model"
+                )
+            checked["model"] = model
+        return checked
+
+
+class TeiRerankBody(RerankBody):
+    """TEI's rerank request: the same, and the model it names (without one, the only
+    text-ranking model served). TEI's ``truncation_direction`` is not taken: texts are
+    always truncated here, at the model's max length, longest of the pair first."""
+
+    model: str | None = Field(
+        None, description="The text-ranking model; without it, the only one served."
+    )
+    truncate: bool = Field(False, description="Accepted; texts are always truncated.")
+
+
+def rerank_parser(with_model: bool, default: Callable[[], str | None] | None = None) -> Any:
+    """The parser of a rerank body; ``with_model``: the body may name its model (``/rerank``),
+    else ``default()`` names it (the only served text-ranking model, if there is one)."""
+
+    def parse(body: bytes, limits: Limits) -> PredictRequest:
+        request = (TeiRerankBody if with_model else RerankBody).parse(body, limits)
+        model = request.model if isinstance(request, TeiRerankBody) else None
         if with_model and model is None and default is not None:
             model = default()
         if with_model and model is None:
@@ -83,11 +111,11 @@ def rerank_parser(with_model: bool, default: Callable[[], str | None] | None = N
                 "none, is served)",
                 param="model",
             )
-        parameters: dict[str, Any] = {"query": query}
-        if flags["raw_scores"]:
+        parameters: dict[str, Any] = {"query": request.query}
+        if request.raw_scores:
             parameters["raw_scores"] = True
-        extra = {"top_n": top_n, "return_text": flags["return_text"]}
-        return PredictRequest(texts=texts, parameters=parameters, model=model, extra=extra)
+        extra = {"top_n": request.top_n, "return_text": request.return_text}
+        return PredictRequest(texts=request.texts, parameters=parameters, model=model, extra=extra)
 
     return parse
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
 
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from infergate.serving.routing import ServedModel
     from infergate.serving.runtime import ModelRuntime, Prediction
 
-ALLOWED_KEYS = frozenset({"inputs", "parameters"})
 # Every task's request parameters (infergate.tasks); a model refuses those of others.
 PARAMETERS = {
     "normalize": bool,
@@ -40,6 +40,72 @@ class Limits:
     max_body_bytes: int
     max_texts: int
     max_chars_per_text: int
+
+
+BodyT = TypeVar("BodyT", bound="Body")
+
+
+class Body(BaseModel):
+    """A protocol's request body, declared once: its fields (names, types, defaults,
+    descriptions) are the body's schema in the OpenAPI document, and :meth:`parse` reads
+    a body through it. ``check`` gives each mistake its own message and status before
+    the fields are validated; unknown fields are refused first, naming the known ones."""
+
+    model_config = ConfigDict(extra="forbid")
+    example: ClassVar[str]  # a good body, shown by the messages about a bad one
+
+    @classmethod
+    def parse(cls: type[BodyT], body: bytes, limits: Limits) -> BodyT:
+        payload = json_object(body, limits, cls.example)
+        refuse_unknown_fields(payload, frozenset(cls.model_fields))
+        try:
+            return cls.model_validate(payload, context=limits)
+        except ValidationError as error:  # what ``check`` let through: never a 500
+            raise InvalidInput(f"invalid body: {error.errors()[0]['msg']}") from None
+
+    @classmethod
+    def check(cls, payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
+        """``payload`` with its values checked (and normalised), or a typed error."""
+        return payload
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checked(cls, payload: Any, info: ValidationInfo) -> Any:
+        return cls.check(payload, info.context) if isinstance(info.context, Limits) else payload
+
+
+class PredictBody(Body):
+    """The native predict request."""
+
+    example: ClassVar[str] = EXAMPLE
+    inputs: str | list[str] = Field(
+        description="One text, or a list of texts (one output per text).",
+        examples=["I love this film", ["first text", "second text"]],
+    )
+    parameters: dict[str, bool | str | int] = Field(
+        default_factory=dict,
+        description="Optional, per task. feature-extraction: 'normalize' (default true) "
+        "L2-normalises. text-ranking: 'query' (required), the query each text is scored "
+        "against; 'raw_scores' (default false): log-odds instead of 0..1 scores. "
+        "sparse-embedding: 'top_k', the k heaviest terms only. token-classification: "
+        "'aggregation_strategy', none, simple (default), first, max or average. "
+        "translation: 'beam_size' (1 to 8, default 1) and 'max_decoding_length' (1 to 512, "
+        "default 128).",
+    )
+
+    @classmethod
+    def check(cls, payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
+        if "inputs" not in payload:
+            raise InvalidInput(f"field 'inputs' is missing; expected {EXAMPLE}", param="inputs")
+        texts = validate_texts(payload["inputs"], limits, "inputs")
+        parameters = check_parameters(
+            payload.get("parameters"), PARAMETERS, "each for the models of some tasks"
+        )
+        return {"inputs": texts, "parameters": parameters}
+
+    @property
+    def texts(self) -> list[str]:
+        return self.inputs if isinstance(self.inputs, list) else [self.inputs]
 
 
 @dataclass(frozen=True)
@@ -100,15 +166,8 @@ def _charset(options: str) -> str | None:
 
 def parse_predict(body: bytes, limits: Limits) -> PredictRequest:
     """Turn the raw body of a predict call into texts, or raise a typed error."""
-    payload = json_object(body, limits, EXAMPLE)
-    refuse_unknown_fields(payload, ALLOWED_KEYS)
-    if "inputs" not in payload:
-        raise InvalidInput(f"field 'inputs' is missing; expected {EXAMPLE}", param="inputs")
-    texts = validate_texts(payload["inputs"], limits, "inputs")
-    parameters = check_parameters(
-        payload.get("parameters"), PARAMETERS, "each for the models of some tasks"
-    )
-    return PredictRequest(texts=texts, parameters=parameters)
+    request = PredictBody.parse(body, limits)
+    return PredictRequest(texts=request.texts, parameters=request.parameters)
 
 
 def check_body_size(body: bytes, limits: Limits) -> None:
