@@ -71,7 +71,8 @@ def verify(
     if age > tolerance_s:
         raise Unauthorized(f"delivery timestamp is {age:.0f} s off; refusing a stale delivery")
     expected = sign(secret, delivery_id, timestamp, body)
-    if not hmac.compare_digest(expected, signature):
+    # compare_digest refuses non-ASCII text (a TypeError), and a signature is base64.
+    if not signature.isascii() or not hmac.compare_digest(expected, signature):
         raise Unauthorized("webhook signature does not match")
     try:
         payload = orjson.loads(body)
