@@ -54,3 +54,38 @@ def test_a_signature_header_of_non_ascii_bytes_gets_a_401(client):
     answer = client.post(WEBHOOK, content=BODY, headers=headers)
     assert answer.status_code == 401
     assert answer.json() == {"error": "webhook signature does not match", "type": "unauthorized"}
+
+
+def test_an_authorization_header_of_non_ascii_bytes_gets_a_401(client):
+    answer = client.get("/admin/models/m/rollout", headers={"authorization": "Bearer tök".encode()})
+    assert answer.status_code == 401 and answer.json()["type"] == "unauthorized"
+
+
+def test_a_non_ascii_admin_token_works():
+    admin = AdminApi(Rollouts(), lambda: None, token="tök", webhook_secret="s")
+    client = TestClient(admin.app)
+    answer = client.get("/admin/models/m/rollout", headers={"authorization": "Bearer tök".encode()})
+    assert answer.json() == {"model": "m"}
+
+
+def test_a_timestamp_past_any_float_gets_a_401(client):
+    headers = {**signed(), "x-mlflow-timestamp": b"1" + b"0" * 400}
+    answer = client.post(WEBHOOK, content=BODY, headers=headers)
+    assert answer.status_code == 401 and "is not a Unix time" in answer.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"entity": "model_version", "action": "created", "data": []},
+        {"entity": "model_version", "action": "created", "data": None},
+        {"entity": ["model_version"], "action": "created"},
+        {"entity": "model_version", "action": 1},
+    ],
+)
+def test_a_signed_body_that_is_no_mlflow_event_gets_a_400(client, event):
+    body = orjson.dumps(event)
+    answer = client.post(WEBHOOK, content=body, headers=signed(body))
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "webhook body is not an MLflow event",
+                             "type": "malformed_body"}  # fmt: skip
