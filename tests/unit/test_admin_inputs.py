@@ -17,7 +17,7 @@ BODY = orjson.dumps({"entity": "model_version", "action": "created",
 
 class Rollouts:
     """Answers a status and takes a new version; what the commands do to the registry is
-    tested elsewhere."""
+    tested elsewhere (test_admin_fuzz.py runs them against a registry in memory)."""
 
     def status(self, name: str):
         return type("Status", (), {"to_dict": lambda self: {"model": name}})()
