@@ -7,13 +7,18 @@ environment variable ``INFERGATE_<SECTION>__<FIELD>`` (for example
 
 from __future__ import annotations
 
+import difflib
 import os
+import reprlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from infergate.errors import InvalidConfig
 
 ENV_PREFIX = "INFERGATE_"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -288,20 +293,90 @@ class StackConfig(Frozen):
         )
 
 
-def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[path[-1]] = value
+Loc = tuple[str, ...]  # a setting's keys, section by section: ("triton", "grpc_port")
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Origin:
+    """Where a value came from, to name in an error: the YAML file, an environment
+    variable, or (neither) the command line."""
+
+    file: Path | None = None
+    variable: str | None = None
+
+    def __str__(self) -> str:
+        if self.variable is not None:
+            return f"from {self.variable}"
+        return f"in {self.file}" if self.file is not None else "from the command line"
+
+    def spelling(self, loc: Loc) -> str:
+        """How the setting at ``loc`` is written where this value came from."""
+        if self.variable is not None:
+            return ENV_PREFIX + "__".join(loc).upper()
+        return _dotted(loc)
+
+
+Origins = dict[Loc, _Origin]
+
+
+def _dotted(loc: Loc) -> str:
+    return ".".join(loc)
+
+
+def _note(origins: Origins, tree: Any, origin: _Origin, loc: Loc = ()) -> None:
+    """Record ``origin`` for every key of ``tree`` under ``loc``, nested keys too."""
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            child = (*loc, str(key))  # as pydantic names it in an error
+            origins[child] = origin
+            _note(origins, value, origin, child)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """The file's settings; ``InvalidConfig`` in one line when it cannot give any."""
+    try:
+        data = yaml.safe_load(path.read_bytes())
+    except OSError as exc:
+        raise InvalidConfig(f"cannot read the config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise InvalidConfig(f"{path} is not valid YAML: {_yaml_problem(exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InvalidConfig(
+            f"{path} holds a {type(data).__name__}; it should be a mapping of settings"
+        )
+    return data
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark = error.problem_mark
+        return f"{error.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(error).split())
+
+
+def _env_overrides(environ: Mapping[str, str], origins: Origins) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
-    for key, raw in environ.items():
+    # Sorted: INFERGATE_SERVE, a whole section, before INFERGATE_SERVE__PORT within it.
+    for key, raw in sorted(environ.items()):
         if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "CONFIG":
             continue
-        path = key[len(ENV_PREFIX) :].lower().split("__")
+        loc = tuple(key[len(ENV_PREFIX) :].lower().split("__"))
+        origin = _Origin(variable=key)
+        tree = overrides
+        for end in range(1, len(loc)):
+            tree = tree.setdefault(loc[end - 1], {})
+            if not isinstance(tree, dict):
+                raise InvalidConfig(
+                    f"{key} sets {_dotted(loc)}, inside {_dotted(loc[:end])}, which "
+                    f"{origins[loc[:end]].variable} sets to {reprlib.repr(tree)}; unset one of them"
+                )
+            origins[loc[:end]] = origin
         # YAML parsing turns "8101" into an int and "false" into a bool; pydantic checks the rest.
-        _set_path(overrides, path, yaml.safe_load(raw) if raw else raw)
+        tree[loc[-1]] = yaml.safe_load(raw) if raw else raw
+        origins[loc] = origin
+        _note(origins, tree[loc[-1]], origin, loc)
     return overrides
 
 
@@ -315,21 +390,82 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+# Pydantic's words for these speak of Python classes.
+_EXPECTED = {
+    "model_type": "it should be a mapping of settings",
+    "path_type": "it should be a path",
+}
+
+
+def _invalid(error: ValidationError, origins: Origins) -> InvalidConfig:
+    """One line for the first wrong setting: which it is, where it came from, and what it
+    should be (or, for a name that is no setting, the nearest one that is)."""
+    problems = error.errors()
+    problem, loc = problems[0], tuple(str(key) for key in problems[0]["loc"])
+    origin = _origin_of(origins, loc)
+    if problem["type"] in ("extra_forbidden", "invalid_key"):
+        message = f"{_dotted(loc)} {origin} is not a setting; {_nearest(loc, origin)}"
+    else:
+        expected = _EXPECTED.get(problem["type"]) or _should_be(problem["msg"])
+        message = f"{_dotted(loc)} {origin} is {reprlib.repr(problem['input'])}; {expected}"
+    if len(problems) > 1:
+        more = len(problems) - 1
+        message += f" (and {more} more wrong setting{'s' if more > 1 else ''})"
+    return InvalidConfig(message)
+
+
+def _origin_of(origins: Origins, loc: Loc) -> _Origin:
+    """Where the value at ``loc`` came from, or else the section holding it."""
+    for end in range(len(loc), 0, -1):
+        if loc[:end] in origins:
+            return origins[loc[:end]]
+    return _Origin()
+
+
+def _should_be(message: str) -> str:
+    """Pydantic's "Input should be a valid integer" as "it should be a valid integer"."""
+    return message.replace("Input ", "it ", 1) if message.startswith("Input ") else message
+
+
+def _nearest(loc: Loc, origin: _Origin) -> str:
+    """The valid name nearest to the unknown one at ``loc``, or all valid names there."""
+    names = _setting_names(loc[:-1])
+    close = difflib.get_close_matches(loc[-1].lower(), names, n=1)
+    if close:
+        return f"did you mean {origin.spelling((*loc[:-1], close[0]))}?"
+    return f"{_dotted(loc[:-1]) or 'the top level'} has {', '.join(names)}"
+
+
+def _setting_names(section: Loc) -> list[str]:
+    model: Any = StackConfig
+    for key in section:
+        model = model.model_fields[key].annotation
+    return list(model.model_fields)
+
+
 def load_config(
     path: Path | None = None,
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> StackConfig:
-    """Read the YAML file, then environment overrides, then explicit overrides."""
+    """Read the YAML file, then environment overrides, then explicit overrides.
+
+    A wrong setting raises ``InvalidConfig``, whose one line names the setting, where it
+    came from and what it should be: the command line prints that, not pydantic's report
+    of many lines and a traceback."""
     environ = os.environ if environ is None else environ
     path = path or Path(environ.get(ENV_PREFIX + "CONFIG", DEFAULT_CONFIG_FILE))
-    data: dict[str, Any] = {}
-    if path.exists():
-        data = yaml.safe_load(path.read_text()) or {}
-    data = _merge(data, _env_overrides(environ))
+    origins: Origins = {}
+    data: dict[str, Any] = _read_file(path) if path.exists() else {}
+    _note(origins, data, _Origin(file=path))
+    data = _merge(data, _env_overrides(environ, origins))
     data = _merge(data, overrides or {})
-    return StackConfig.model_validate(data)
+    _note(origins, overrides or {}, _Origin())
+    try:
+        return StackConfig.model_validate(data)
+    except ValidationError as error:
+        raise _invalid(error, origins) from None
 
 
 Precision = Literal["int8", "fp16", "fp32"]
