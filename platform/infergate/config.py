@@ -373,11 +373,22 @@ def _env_overrides(environ: Mapping[str, str], origins: Origins) -> dict[str, An
                     f"{origins[loc[:end]].variable} sets to {reprlib.repr(tree)}; unset one of them"
                 )
             origins[loc[:end]] = origin
-        # YAML parsing turns "8101" into an int and "false" into a bool; pydantic checks the rest.
-        tree[loc[-1]] = yaml.safe_load(raw) if raw else raw
+        tree[loc[-1]] = _env_value(raw)
         origins[loc] = origin
         _note(origins, tree[loc[-1]], origin, loc)
     return overrides
+
+
+def _env_value(raw: str) -> Any:
+    """The variable's text, which pydantic reads as its setting's type ("8101" an int,
+    "false" a bool, "007" a token); read as YAML only for what text cannot be: a mapping
+    or list (a whole section, say) or null. YAML's own reading made a token of digits an
+    int that a string setting refuses, and "@..." a traceback."""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    return value if raw and (value is None or isinstance(value, (dict, list))) else raw
 
 
 def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

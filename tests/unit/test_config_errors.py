@@ -76,7 +76,7 @@ def test_a_wrong_value_in_the_file_says_what_it_should_be(tmp_path, text, messag
          "a setting; did you mean INFERGATE_SERVE__AUTOSCALING__MAX_REPLICAS?"),
         ({"INFERGATE_TRITON": "5", "INFERGATE_TRITON__GRPC_PORT": "9101"},
          "INFERGATE_TRITON__GRPC_PORT sets triton.grpc_port, inside triton, which "
-         "INFERGATE_TRITON sets to 5; unset one of them"),
+         "INFERGATE_TRITON sets to '5'; unset one of them"),
     ],
 )  # fmt: skip
 def test_a_wrong_environment_variable_is_named(tmp_path, environ, message):
