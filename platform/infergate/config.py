@@ -362,7 +362,7 @@ def _env_overrides(environ: Mapping[str, str], origins: Origins) -> dict[str, An
     for key, raw in sorted(environ.items()):
         if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "CONFIG":
             continue
-        loc = tuple(key[len(ENV_PREFIX) :].lower().split("__"))
+        loc = _env_loc(key)
         origin = _Origin(variable=key)
         tree = overrides
         for end in range(1, len(loc)):
@@ -377,6 +377,11 @@ def _env_overrides(environ: Mapping[str, str], origins: Origins) -> dict[str, An
         origins[loc] = origin
         _note(origins, tree[loc[-1]], origin, loc)
     return overrides
+
+
+def _env_loc(variable: str) -> Loc:
+    """The setting an INFERGATE_<SECTION>__<FIELD> variable names."""
+    return tuple(variable[len(ENV_PREFIX) :].lower().split("__"))
 
 
 def _env_value(raw: str) -> Any:
@@ -415,7 +420,7 @@ def _invalid(error: ValidationError, origins: Origins) -> InvalidConfig:
     problem, loc = problems[0], tuple(str(key) for key in problems[0]["loc"])
     origin = _origin_of(origins, loc)
     if problem["type"] in ("extra_forbidden", "invalid_key"):
-        message = f"{_dotted(loc)} {origin} is not a setting; {_nearest(loc, origin)}"
+        message = _unknown(loc, origin)
     else:
         expected = _EXPECTED.get(problem["type"]) or _should_be(problem["msg"])
         message = f"{_dotted(loc)} {origin} is {reprlib.repr(problem['input'])}; {expected}"
@@ -438,20 +443,51 @@ def _should_be(message: str) -> str:
     return message.replace("Input ", "it ", 1) if message.startswith("Input ") else message
 
 
-def _nearest(loc: Loc, origin: _Origin) -> str:
-    """The valid name nearest to the unknown one at ``loc``, or all valid names there."""
-    names = _setting_names(loc[:-1])
-    close = difflib.get_close_matches(loc[-1].lower(), names, n=1)
-    if close:
-        return f"did you mean {origin.spelling((*loc[:-1], close[0]))}?"
-    return f"{_dotted(loc[:-1]) or 'the top level'} has {', '.join(names)}"
+def _unknown(loc: Loc, origin: _Origin) -> str:
+    """The line for a name that is no setting, with the nearest valid one or else the names
+    valid there. A variable's whole name counts: INFERGATE_TRITN__GRPC_PORT is refused at
+    ``tritn`` but means triton.grpc_port."""
+    named = loc
+    if origin.variable is not None:
+        whole = _env_loc(origin.variable)
+        named = whole if whole[: len(loc)] == loc else loc
+    nearest = _nearest_setting(named)
+    if nearest is not None:
+        hint = f"did you mean {origin.spelling(nearest)}?"
+    else:
+        section = _section_at(loc[:-1])
+        names = ", ".join(section.model_fields) if section is not None else "no settings"
+        hint = f"{_dotted(loc[:-1]) or 'the top level'} has {names}"
+    return f"{_dotted(named)} {origin} is not a setting; {hint}"
 
 
-def _setting_names(section: Loc) -> list[str]:
+def _nearest_setting(loc: Loc) -> Loc | None:
+    """Each name of ``loc`` replaced by the nearest valid one at its level (difflib), or
+    None where none is near. A single underscore where two belong (ADMIN_TOKEN) reads as
+    the section and the setting it joins."""
+    nearest: Loc = ()
+    for key in loc:
+        section = _section_at(nearest)
+        if section is None:
+            return None
+        choices: dict[str, Loc] = {name: (name,) for name in section.model_fields}
+        for name in section.model_fields:
+            inner = _section_at((*nearest, name))
+            if inner is not None:
+                choices.update({f"{name}_{field}": (name, field) for field in inner.model_fields})
+        close = difflib.get_close_matches(key.lower(), choices, n=1)
+        if not close:
+            return None
+        nearest += choices[close[0]]
+    return nearest
+
+
+def _section_at(loc: Loc) -> type[BaseModel] | None:
+    """The settings model of the section at ``loc``; None where ``loc`` is a setting."""
     model: Any = StackConfig
-    for key in section:
+    for key in loc:
         model = model.model_fields[key].annotation
-    return list(model.model_fields)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
 def load_config(

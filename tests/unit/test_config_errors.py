@@ -83,6 +83,24 @@ def test_a_wrong_environment_variable_is_named(tmp_path, environ, message):
     assert config_error(tmp_path, "", environ) == message
 
 
+@pytest.mark.parametrize(
+    ("variable", "message"),
+    [
+        ("INFERGATE_ADMIN_TOKEN", "admin_token from INFERGATE_ADMIN_TOKEN is not a setting; "
+                                  "did you mean INFERGATE_ADMIN__TOKEN?"),
+        ("INFERGATE_TRITN__GRPC_PORT", "tritn.grpc_port from INFERGATE_TRITN__GRPC_PORT is not a "
+                                       "setting; did you mean INFERGATE_TRITON__GRPC_PORT?"),
+        ("INFERGATE_API_KEY", "api_key from INFERGATE_API_KEY is not a setting; the top level "
+                              "has state_dir, mlflow, triton, serve, frontend, prometheus, "
+                              "admin, reconcile_interval_s"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_variable_is_matched_as_a_whole(tmp_path, variable, message):
+    """A single underscore where two belong, or a misspelt section: the suggestion is the
+    whole variable to set, not only the section's name."""
+    assert config_error(tmp_path, "", {variable: "1"}) == message
+
+
 def test_the_variable_that_overrides_the_file_is_the_one_named(tmp_path):
     message = config_error(tmp_path, "triton:\n  grpc_port: 9101\n  http_port: 9100\n",
                            {"INFERGATE_TRITON__GRPC_PORT": "x"})  # fmt: skip
