@@ -178,7 +178,9 @@ class StackError(InfergateError):
 
 
 class InvalidConfig(InfergateError):
-    """A configuration file the platform cannot use (the API key file, say)."""
+    """Configuration the platform cannot use: a wrong setting in the config file or an
+    ``INFERGATE_*`` variable, or a broken API key file. Its message names what is wrong
+    and where, in one line."""
 
     kind = "invalid_config"
 

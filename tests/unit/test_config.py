@@ -4,6 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from infergate.config import DEFAULT_CONFIG_FILE, load_config
+from infergate.errors import InvalidConfig
 
 
 def test_shipped_defaults_load():
@@ -25,7 +26,7 @@ def test_environment_overrides_nested_fields(tmp_path: Path):
 def test_unknown_fields_are_refused(tmp_path: Path):
     path = tmp_path / "c.yaml"
     path.write_text("triton:\n  grcp_port: 1\n")
-    with pytest.raises(ValidationError, match="grcp_port"):
+    with pytest.raises(InvalidConfig, match="grcp_port"):
         load_config(path, environ={})
 
 

@@ -160,8 +160,10 @@ class AdminApi:
     def _authorize(self, request: Request) -> None:
         if not self.token:
             return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given, f"Bearer {self.token}"):
+        # The header's own bytes (Starlette decodes them as Latin-1): compare_digest refuses
+        # non-ASCII text.
+        given = request.headers.get("authorization", "").encode("latin-1")
+        if not hmac.compare_digest(given, f"Bearer {self.token}".encode()):
             raise Unauthorized("a valid admin token is required (Authorization: Bearer ...)")
 
     # -- handlers (run in a worker thread, under the lock) --------------------------------

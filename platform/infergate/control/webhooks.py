@@ -66,18 +66,32 @@ def verify(
         raise Unauthorized("missing X-MLflow-Signature, -Delivery-Id or -Timestamp header")
     try:
         age = abs(now - int(timestamp))
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: an integer past any float
         raise Unauthorized(f"X-MLflow-Timestamp {timestamp!r} is not a Unix time") from None
     if age > tolerance_s:
         raise Unauthorized(f"delivery timestamp is {age:.0f} s off; refusing a stale delivery")
     expected = sign(secret, delivery_id, timestamp, body)
-    if not hmac.compare_digest(expected, signature):
+    # compare_digest refuses non-ASCII text (a TypeError), and a signature is base64.
+    if not signature.isascii() or not hmac.compare_digest(expected, signature):
         raise Unauthorized("webhook signature does not match")
     try:
         payload = orjson.loads(body)
-        return Event(delivery_id, payload["entity"], payload["action"], payload.get("data", {}))
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise MalformedBody("webhook body is not an MLflow event") from None
+    except orjson.JSONDecodeError:
+        payload = None
+    if not _is_event(payload):
+        raise MalformedBody("webhook body is not an MLflow event")
+    return Event(delivery_id, payload["entity"], payload["action"], payload.get("data", {}))
+
+
+def _is_event(payload: Any) -> bool:
+    """An object naming its entity and action, with a data object: what the handlers read
+    (a signed ``"data": []`` failed in them with a 500, which MLflow retries)."""
+    return (
+        isinstance(payload, dict)
+        and isinstance(payload.get("entity"), str)
+        and isinstance(payload.get("action"), str)
+        and isinstance(payload.get("data", {}), dict)
+    )
 
 
 class SeenDeliveries:
