@@ -20,9 +20,9 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
-from pydantic import ValidationError
 
 from infergate.config import PROJECT_ROOT, FrontendSettings, load_config
+from infergate.errors import InvalidConfig
 from prometheus_server import PROMTOOL
 
 CHART = PROJECT_ROOT / "helm" / "infergate"
@@ -362,7 +362,7 @@ def rejected_settings(env: dict[str, Any]) -> set[str]:
     for name, raw in as_environ(env).items():
         try:
             load_config(Path("/nonexistent.yaml"), environ={name: raw})
-        except ValidationError:
+        except InvalidConfig:
             rejected.add(name)
     return rejected
 
