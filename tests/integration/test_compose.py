@@ -425,7 +425,7 @@ COMPOSE = compose_command()
 
 
 @pytest.mark.machine(
-    "compose", None if COMPOSE else "no Docker Compose v2 (`docker compose`) installed"
+    "compose", None if COMPOSE else "neither `docker compose` nor docker-compose is installed"
 )
 def test_docker_compose_accepts_the_file():
     assert COMPOSE is not None
