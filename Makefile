@@ -35,24 +35,43 @@ bench-peers: install
 	$(INFINITY_VENV)/bin/python -m pip install --quiet \
 	  "infinity-emb[server,torch,optimum]==0.0.78" "torch==2.13.0"
 
-# Prometheus is optional: installed with apt when missing and we are root; the platform
-# runs without it otherwise.
-prometheus:
-	@command -v prometheus >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
-	      || echo "Prometheus could not be installed; continuing without it"; \
-	  else echo "Prometheus is not installed; continuing without it"; fi; }
+# What the tests need of the machine beyond Python, checked before they run: installed with
+# apt when missing and we are root, and an install that fails stops make (the tests needing
+# it would fail later, further from the cause). What this machine lacks and cannot install
+# (not root, no apt, no package) stops make too, unless INFERGATE_TEST_WITHOUT names it
+# (comma-separated): then the tests that need it skip, saying why (tests/machine.py).
+#   $(call need,CAPABILITY,CHECK,APT PACKAGES,WHAT)
+comma := ,
+EXCUSED = $(subst $(comma), ,$(INFERGATE_TEST_WITHOUT)) $(OPTIONAL)
+export INFERGATE_TEST_WITHOUT
 
-# What the e2e tests start as an operator would, beside the stack: PostgreSQL (MLflow's
-# production store) and `ip` for network namespaces (a second "host"). Installed with apt
-# when missing and we are root; the tests that need them skip, saying why, otherwise.
+define need
+	@if $(2); then :; \
+	elif [ -n "$(3)" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "Installing $(3) with apt"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(3) >/dev/null \
+	    && { $(2); }; } || { echo "error: apt could not install $(3) ($(4))" >&2; exit 1; }; \
+	elif [ -n "$(filter $(1),$(EXCUSED))" ]; then echo "$(4): missing; going on without it"; \
+	else echo "error: $(4): missing, and apt cannot install it here (not root, or no package);" \
+	  "provide it, or set INFERGATE_TEST_WITHOUT=$(1) on a machine that cannot" >&2; exit 1; fi
+endef
+
+# Prometheus and promtool: the monitoring tests start them. `make run` serves without them
+# (the platform runs without Prometheus) where they cannot be installed.
+prometheus:
+	$(call need,prometheus,command -v prometheus >/dev/null && command -v promtool >/dev/null,prometheus,Prometheus and promtool)
+
+run up: OPTIONAL := prometheus
+
+# What the tests start as an operator would, beside the stack: PostgreSQL (MLflow's
+# production store), `ip` for network namespaces (a second "host"), a tmpfs to fill (the
+# full-disk fault), all as root; and Docker Compose v2, which reads the compose file
+# (Debian 12 has none: its docker-compose 1.29 rejects the file's dockerfile_inline).
 test-hosts:
-	@{ [ -x /usr/lib/postgresql/*/bin/postgres ] && command -v ip >/dev/null 2>&1; } || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	      postgresql iproute2 >/dev/null) || echo "PostgreSQL or iproute2 could not be installed"; \
-	  else echo "PostgreSQL or iproute2 is missing; the tests that need them will skip"; fi; }
+	$(call need,postgres,[ "$$(id -u)" = 0 ] && ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1,postgresql,PostgreSQL run as root)
+	$(call need,netns,[ "$$(id -u)" = 0 ] && command -v ip >/dev/null,iproute2,ip netns as root (iproute2))
+	$(call need,mount,[ "$$(id -u)" = 0 ] && command -v mount >/dev/null,mount,mount as root)
+	$(call need,compose,docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null,,Docker Compose v2)
 
 run: install prometheus
 	$(VENV)/bin/infergate up --demo
@@ -69,7 +88,7 @@ test: install prometheus test-hosts
 test-unit: install
 	$(PY) -m pytest tests/unit
 
-test-integration: install prometheus
+test-integration: install prometheus test-hosts
 	$(PY) -m pytest tests/integration
 
 test-e2e: install prometheus test-hosts

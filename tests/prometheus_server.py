@@ -20,9 +20,8 @@ from infergate.stack.processes import free_ports
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 
-needs_prometheus = pytest.mark.skipif(
-    PROMETHEUS is None or PROMTOOL is None,
-    reason="prometheus/promtool not installed (make test installs them on Debian as root)",
+needs_prometheus = pytest.mark.machine(
+    "prometheus", None if PROMETHEUS and PROMTOOL else "no prometheus/promtool (Debian package)"
 )
 
 

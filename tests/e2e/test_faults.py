@@ -375,7 +375,7 @@ def full_disk(folder: Path, size: str = "4m") -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(folder)], check=True, capture_output=True, timeout=30)
 
 
-@pytest.mark.skipif(_mount_unavailable() is not None, reason=str(_mount_unavailable()))
+@pytest.mark.machine("mount", _mount_unavailable())
 def test_a_full_artifact_cache_holds_a_canary_back_until_there_is_room(stack, report, tmp_path):
     """The artifact cache's disk fills up, then a new version is made the canary: it is not
     served and not rolled back (a full disk is not the version's fault), the champion

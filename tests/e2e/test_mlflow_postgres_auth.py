@@ -26,7 +26,7 @@ from tiny_models import tiny_bert
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
+    pytest.mark.machine("postgres", unavailable()),
 ]
 MODEL = "guarded"
 ADMIN_PASSWORD = "admin-test-password-1"

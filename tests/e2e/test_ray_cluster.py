@@ -31,7 +31,7 @@ from tiny_models import tiny_bert
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
+    pytest.mark.machine("netns", unavailable()),
 ]
 MODEL = "spread"
 BIN = Path(sys.executable).parent

