@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from fakes import FakeTritonBackend, asgi
 from infergate.config import FrontendSettings
 from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
-from infergate.protocols import openapi
+from infergate.protocols import schemas
 from infergate.protocols.frontend import ROUTES, Frontend, openapi_document
 from infergate.protocols.kserve_v2 import (
     OUTPUTS,
@@ -580,19 +580,19 @@ def test_answers_fit_the_models_the_openapi_document_declares(client):
     answer the front-end gives here validates against its model."""
     texts = ["I love this film", "the food was cold"]
     answers = [
-        (openapi.V2InferResponse, client.post("/v2/models/sentiment/infer",
+        (schemas.V2InferResponse, client.post("/v2/models/sentiment/infer",
                                               json={"inputs": [tensor(texts)]})),
-        (openapi.V2InferResponse, client.post("/v2/models/embed/infer",
+        (schemas.V2InferResponse, client.post("/v2/models/embed/infer",
                                               json={"inputs": [tensor(texts)]})),
-        (openapi.V2ModelMetadata, client.get("/v2/models/sentiment")),
-        (openapi.V2ServerMetadata, client.get("/v2")),
-        (openapi.PredictResponse, client.post("/v1/models/sentiment/predict",
+        (schemas.V2ModelMetadata, client.get("/v2/models/sentiment")),
+        (schemas.V2ServerMetadata, client.get("/v2")),
+        (schemas.PredictResponse, client.post("/v1/models/sentiment/predict",
                                               json={"inputs": texts})),
-        (openapi.PredictResponse, client.post("/v1/models/embed/predict", json={"inputs": texts})),
-        (openapi.ModelList, client.get("/v1/models")),
-        (openapi.ModelInfo, client.get("/v1/models/sentiment")),
-        (openapi.ErrorBody, client.get("/v1/models/nope")),
-        (openapi.ErrorBody, client.post("/v2/models/sentiment/infer", content=b"{")),
+        (schemas.PredictResponse, client.post("/v1/models/embed/predict", json={"inputs": texts})),
+        (schemas.ModelList, client.get("/v1/models")),
+        (schemas.ModelInfo, client.get("/v1/models/sentiment")),
+        (schemas.ErrorBody, client.get("/v1/models/nope")),
+        (schemas.ErrorBody, client.post("/v2/models/sentiment/infer", content=b"{")),
     ]  # fmt: skip
     for model, reply in answers:
         model.model_validate(reply.json(), strict=False)

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from fakes import FakeTritonBackend, Recorder, asgi
 from infergate.config import FrontendSettings
 from infergate.errors import InvalidInput, MalformedBody, Overloaded, PayloadTooLarge
-from infergate.protocols import openapi
+from infergate.protocols import schemas
 from infergate.protocols.frontend import Frontend, openapi_document
 from infergate.protocols.openai_api import error_body, parse_embeddings, refuse_unless_embeddings
 from infergate.protocols.wire import Limits, PredictRequest
@@ -364,12 +364,12 @@ def test_answers_fit_the_models_the_openapi_document_declares(client):
     """The document's answer models are declared apart from the renderers: every kind of
     answer the OpenAI endpoints give validates against its model."""
     answers = [
-        (openapi.EmbeddingsResponse, embeddings(client)),
-        (openapi.EmbeddingsResponse, embeddings(client, encoding_format="base64")),
-        (openapi.OpenAIModelList, client.get("/openai/v1/models")),
-        (openapi.OpenAIModel, client.get("/openai/v1/models/embed")),
-        (openapi.OpenAIErrorBody, client.get("/openai/v1/models/nope")),
-        (openapi.OpenAIErrorBody, embeddings(client, model="sentiment")),
+        (schemas.EmbeddingsResponse, embeddings(client)),
+        (schemas.EmbeddingsResponse, embeddings(client, encoding_format="base64")),
+        (schemas.OpenAIModelList, client.get("/openai/v1/models")),
+        (schemas.OpenAIModel, client.get("/openai/v1/models/embed")),
+        (schemas.OpenAIErrorBody, client.get("/openai/v1/models/nope")),
+        (schemas.OpenAIErrorBody, embeddings(client, model="sentiment")),
     ]
     for model, reply in answers:
         model.model_validate(reply.json())
