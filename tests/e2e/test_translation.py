@@ -23,8 +23,6 @@ from conftest import (
     Stack,
     clone_version,
     readme_curl_commands,
-    running_stack,
-    stack_env,
     wait_for,
 )
 from mlflow import MlflowClient
@@ -42,20 +40,19 @@ MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    state_dir = tmp_path_factory.mktemp("translation-stack")
-    folder = tiny_marian(state_dir / "marian")
-    with running_stack(state_dir, stack_env(state_dir)) as running:
-        for name, precision in ((MODEL, "int8"), (EXACT, "fp32")):
-            registered = running.cli(
-                "register", str(folder), "--name", name, "--task", "translation",
-                "--precision", precision, "--alias", "champion",
-                "--tracking-uri", running.mlflow,
-            )  # fmt: skip
-            assert registered.returncode == 0, registered.stderr[-3000:]
-            # registration shows its steps, and says what parity measured
-            assert "parity chrf" in registered.stdout, registered.stdout
-        yield running
+def stack(stack: Stack) -> Stack:
+    """The session's stack, with the tiny Marian registered at int8 and at fp32 (its
+    folder kept in the stack's folder, for the comparisons)."""
+    folder = tiny_marian(stack.state_dir / "marian")
+    for name, precision in ((MODEL, "int8"), (EXACT, "fp32")):
+        registered = stack.cli(
+            "register", str(folder), "--name", name, "--task", "translation",
+            "--precision", precision, "--alias", "champion", "--tracking-uri", stack.mlflow,
+        )  # fmt: skip
+        assert registered.returncode == 0, registered.stderr[-3000:]
+        # registration shows its steps, and says what parity measured
+        assert "parity chrf" in registered.stdout, registered.stdout
+    return stack
 
 
 def ask(http: httpx.Client, model: str, **parameters: int) -> httpx.Response:
