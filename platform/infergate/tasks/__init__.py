@@ -24,6 +24,11 @@ from infergate.observe.metrics import Metric
 
 if TYPE_CHECKING:
     from infergate.serving.tokenization import Batch, TextTokenizer
+    from infergate.versions import Spec
+
+# Engines a task's model is registered for and Triton runs (Task.engine).
+ONNX = "onnx"
+CTRANSLATE2 = "ctranslate2"
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,7 @@ class Task:
     head: ClassVar[str]
     per_token: ClassVar[bool] = False  # output [batch, sequence, n] rather than [batch, n]
     needs_labels: ClassVar[bool] = False  # config.id2label names the outputs
-    # Request parameters (name -> type) this task takes; protocol.PARAMETERS holds all.
+    # Request parameters (name -> type) this task takes; protocols.wire.PARAMETERS holds all.
     parameters: ClassVar[Mapping[str, type]] = {}
     probe_parameters: ClassVar[Mapping[str, Any]] = {}  # what a readiness probe sends
     value_key: ClassVar[str]  # the per-text value's name in reference and drift
@@ -66,6 +71,11 @@ class Task:
     centroid: ClassVar[bool] = False  # drift also follows the mean direction of ``raw``
     # Seconds of the Triton call per generated token, observed per request (translation).
     time_per_token_metric: ClassVar[Metric | None] = None
+    # Which endpoints beside predict serve it: TEI's and Cohere's rerank, OpenAI's
+    # embeddings, and the KServe V2 protocol's tensors (its output names, in order).
+    reranks: ClassVar[bool] = False
+    openai_embeddings: ClassVar[bool] = False
+    v2_outputs: ClassVar[tuple[str, ...]] = ()
 
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
         """Refuse parameters of other tasks, and values out of range."""
@@ -115,6 +125,16 @@ class Task:
 
     def figures(self, raw: np.ndarray, batch: Batch | None, labels: Sequence[str]) -> Figures:
         """Per-text figures of ``raw`` (what ``postprocess`` returned second)."""
+        raise NotImplementedError
+
+    def v2_output_metadata(self, spec: Spec | None) -> list[dict[str, Any]]:
+        """The KServe V2 metadata of ``v2_outputs`` for a version of ``spec`` (None:
+        versions that disagree, whose sizes are -1)."""
+        return []
+
+    def v2_tensors(self, outputs: Any, raw: np.ndarray) -> dict[str, tuple[str, Any]]:
+        """Each of ``v2_outputs`` of one answer (``postprocess``'s two results): its V2
+        datatype and values (an array, or a list of strings for BYTES)."""
         raise NotImplementedError
 
     def counter_shares(

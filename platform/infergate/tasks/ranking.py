@@ -42,6 +42,7 @@ class TextRanking(Task):
     probe_parameters: ClassVar[Mapping[str, Any]] = {"query": "readiness probe"}
     value_key = "relevance_score"
     value_metric = m.RELEVANCE_SCORE
+    reranks = True
 
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
         super().check_parameters(parameters, model)
