@@ -213,7 +213,7 @@ def build(
         with steps("load"), transformers_quiet(not progress):
             model_type, config = load_config(model_dir)
             tokenizer = load_tokenizer(model_dir, int(config.vocab_size))
-            pairs = task == "text-ranking"
+            pairs = served.pairs
             segments = segment_rule(tokenizer, config) if pairs else None
             wrapper = ExportWrapper(load_model(model_dir, task), task, segments).eval()
             labels = labels_of(config) if served.needs_labels else []
@@ -227,11 +227,9 @@ def build(
                 example_texts = [(_EXPORT_QUERY, text) for text in _EXPORT_EXAMPLE]
             example = encode(example_texts)
             output_dim = _output_dim(wrapper, example, labels)
-            if pairs and output_dim not in (1, 2):
-                raise RegistrationError(
-                    f"a text-ranking model (cross-encoder) has 1 output (a relevance logit) "
-                    f"or 2 (not relevant, relevant); this one has {output_dim}"
-                )
+            problem = served.output_dim_problem(output_dim)
+            if problem:
+                raise RegistrationError(f"{problem}; this one has {output_dim}")
             _export(wrapper, example, work / "exported.onnx", output_name, served.per_token)
         with steps("optimise"):
             optimised = _optimise(work, config, model_type)
@@ -326,7 +324,7 @@ def _output_dim(wrapper: ExportWrapper, example: dict[str, np.ndarray], labels: 
 def default_samples(task: str) -> list[Sample]:
     """The parity check's sample inputs for ``task``."""
     texts = list(DEFAULT_SAMPLE_TEXTS)
-    if task == "text-ranking":
+    if tasks.get(task).pairs:
         return [(texts[i - 1], text) for i, text in enumerate(texts)]
     return list(texts)
 

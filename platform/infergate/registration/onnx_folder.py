@@ -161,9 +161,9 @@ def reference_runner(path: Path, fitted: graph_contract.GraphFit, sep_id: int | 
 
 
 def _segment_sep(tokenizer: Any, task: str, fitted: graph_contract.GraphFit) -> int | None:
-    """The separator a pair's second segment starts after, for a text-ranking graph that
-    reads token_type_ids; checked against the tokenizer's own type ids."""
-    if task != "text-ranking" or not fitted.token_types:
+    """The separator a pair's second segment starts after, for a graph of (query, text)
+    pairs that reads token_type_ids; checked against the tokenizer's own type ids."""
+    if not tasks.get(task).pairs or not fitted.token_types:
         return None
     from infergate.registration.onnx_export import segment_rule
 
@@ -302,7 +302,7 @@ def build(
 
 def _probe_samples(task: str) -> list[Sample]:
     """Two inputs of different lengths, so the probe batch has padding."""
-    if task == "text-ranking":
+    if tasks.get(task).pairs:
         return [(_EXPORT_QUERY, "a short text"), (_EXPORT_QUERY, "a somewhat longer text here")]
     return ["a short text", "a somewhat longer text, so that this batch needs padding"]
 
@@ -322,11 +322,9 @@ def _check_output(
     dim = int(out.shape[-1])
     if labels and dim != len(labels):
         raise RegistrationError(f"the graph has {dim} outputs but id2label names {len(labels)}")
-    if served.name == "text-ranking" and dim not in (1, 2):
-        raise RegistrationError(
-            f"a text-ranking model (cross-encoder) has 1 output (a relevance logit) or 2 "
-            f"(not relevant, relevant); this graph has {dim}"
-        )
+    problem = served.output_dim_problem(dim)
+    if problem:
+        raise RegistrationError(f"{problem}; this graph has {dim}")
     return dim
 
 

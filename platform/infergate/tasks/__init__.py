@@ -57,6 +57,9 @@ class Task:
     # "mean_pool", "logits" (a sequence or a token classifier's) or "splade" (onnx_export).
     auto_model: ClassVar[str]
     head: ClassVar[str]
+    engine: ClassVar[str] = ONNX  # what registration converts the model for, Triton runs
+    # The inputs are (query, text) pairs, told apart by token type ids.
+    pairs: ClassVar[bool] = False
     per_token: ClassVar[bool] = False  # output [batch, sequence, n] rather than [batch, n]
     needs_labels: ClassVar[bool] = False  # config.id2label names the outputs
     # Request parameters (name -> type) this task takes; protocols.wire.PARAMETERS holds all.
@@ -88,6 +91,11 @@ class Task:
                     f"{sorted(self.parameters) or 'none'}",
                     param="parameters",
                 )
+
+    def output_dim_problem(self, dim: int) -> str | None:
+        """Why a graph with ``dim`` outputs per text cannot serve this task; None if it can
+        (registration adds what it has)."""
+        return None
 
     def tokenize(
         self, tokenizer: TextTokenizer, texts: list[str], parameters: Mapping[str, Any]

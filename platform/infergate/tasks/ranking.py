@@ -38,6 +38,7 @@ class TextRanking(Task):
     output_name = "scores"
     auto_model = "AutoModelForSequenceClassification"
     head = "logits"
+    pairs = True
     parameters: ClassVar[Mapping[str, type]] = {"query": str, "raw_scores": bool}
     probe_parameters: ClassVar[Mapping[str, Any]] = {"query": "readiness probe"}
     value_key = "relevance_score"
@@ -53,6 +54,14 @@ class TextRanking(Task):
                 '"parameters": {"query": "..."} (or use /v1/models/{name}/rerank)',
                 param="parameters",
             )
+
+    def output_dim_problem(self, dim: int) -> str | None:
+        if dim in (1, 2):
+            return None
+        return (
+            "a text-ranking model (cross-encoder) has 1 output (a relevance logit) or 2 "
+            "(not relevant, relevant)"
+        )
 
     def tokenize(
         self, tokenizer: TextTokenizer, texts: list[str], parameters: Mapping[str, Any]
