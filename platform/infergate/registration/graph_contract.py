@@ -37,14 +37,6 @@ INPUTS = ("input_ids", "attention_mask")
 TOKEN_TYPES = "token_type_ids"
 MIN_OPSET = 11  # CumSum, and the reductions' attribute forms below
 INTEGER_INPUTS = (TensorProto.INT64, TensorProto.INT32)
-# What a multi-output graph's output is found by, per task, after the task's own name.
-KNOWN_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "feature-extraction": ("sentence_embedding", "last_hidden_state", "token_embeddings"),
-    "text-classification": ("logits",),
-    "text-ranking": ("logits",),
-    "sparse-embedding": ("logits",),
-    "token-classification": ("logits",),
-}
 # Opset from which an operator takes ``axes`` as an input rather than an attribute.
 _AXES_AS_INPUT = {"ReduceSum": 13, "ReduceMax": 18, "ReduceMean": 18, "Unsqueeze": 13}
 _PREFIX = "infergate_"
@@ -178,12 +170,13 @@ def _pick_output(graph: onnx.GraphProto, task: str) -> onnx.ValueInfoProto:
     if len(outputs) == 1:
         return outputs[0]
     by_name = {o.name: o for o in outputs}
-    for name in (get(task).output_name, *KNOWN_OUTPUTS.get(task, ())):
+    served = get(task)
+    for name in (served.output_name, *served.graph_outputs):
         if name in by_name:
             return by_name[name]
     raise RegistrationError(
         f"the graph has {len(outputs)} outputs ({', '.join(by_name)}) and none is one a "
-        f"{task} model is read from ({', '.join(KNOWN_OUTPUTS.get(task, ()))}); keep only "
+        f"{task} model is read from ({', '.join(served.graph_outputs)}); keep only "
         "the one to serve"
     )
 

@@ -74,6 +74,13 @@ class Task:
     centroid: ClassVar[bool] = False  # drift also follows the mean direction of ``raw``
     # Seconds of the Triton call per generated token, observed per request (translation).
     time_per_token_metric: ClassVar[Metric | None] = None
+    # Registration's gates on an ONNX graph's output (infergate.registration): the parity
+    # check's tolerance per precision, on the figure a client is sent, and the quality
+    # budget a registration meets unless told otherwise (names of quality.FIGURES).
+    parity_tolerances: ClassVar[Mapping[str, float]] = {}
+    quality_budget: ClassVar[Mapping[str, float]] = {}
+    # The outputs a user's multi-output graph is read from, after ``output_name``.
+    graph_outputs: ClassVar[tuple[str, ...]] = ()
     # Which endpoints beside predict serve it: TEI's and Cohere's rerank, OpenAI's
     # embeddings, and the KServe V2 protocol's tensors (its output names, in order).
     reranks: ClassVar[bool] = False

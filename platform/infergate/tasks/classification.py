@@ -4,7 +4,7 @@ model config."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -23,6 +23,9 @@ class TextClassification(Task):
     output_name = "logits"
     auto_model = "AutoModelForSequenceClassification"
     head = "logits"
+    parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-2, "int8": 0.35}
+    quality_budget: ClassVar[Mapping[str, float]] = {"label_agreement": 0.99}
+    graph_outputs = ("logits",)
     needs_labels = True
     value_key = "confidence"  # the probability of the predicted class
     value_metric = m.CONFIDENCE

@@ -39,6 +39,10 @@ class TextRanking(Task):
     auto_model = "AutoModelForSequenceClassification"
     head = "logits"
     pairs = True
+    # A classifier's tolerances, gated on the relevance score a client is sent.
+    parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-2, "int8": 0.35}
+    quality_budget: ClassVar[Mapping[str, float]] = {"rank_agreement": 0.97}
+    graph_outputs = ("logits",)
     parameters: ClassVar[Mapping[str, type]] = {"query": str, "raw_scores": bool}
     probe_parameters: ClassVar[Mapping[str, Any]] = {"query": "readiness probe"}
     value_key = "relevance_score"

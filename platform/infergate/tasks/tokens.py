@@ -152,6 +152,10 @@ class TokenClassification(Task):
     auto_model = "AutoModelForTokenClassification"
     head = "logits"
     per_token = True
+    # A classifier's tolerances, over one row per unpadded token.
+    parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-2, "int8": 0.35}
+    quality_budget: ClassVar[Mapping[str, float]] = {"label_agreement": 0.99}
+    graph_outputs = ("logits",)
     needs_labels = True
     parameters: ClassVar[Mapping[str, type]] = {"aggregation_strategy": str}
     value_key = "entities_per_text"  # counted with the simple strategy, whatever was asked
