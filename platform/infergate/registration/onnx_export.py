@@ -63,6 +63,7 @@ from infergate.registration.parity import (
 )
 from infergate.registration.quality import Budget, QualityReport
 from infergate.registration.steps import Steps
+from infergate.tasks import heads
 
 __all__ = ["OUTPUT_NAMES", "SUPPORTED_ARCHITECTURES", "BuildResult", "ParityReport", "build"]
 
@@ -132,15 +133,15 @@ class ExportWrapper(torch.nn.Module):
         if self.pass_token_types:
             kwargs["token_type_ids"] = self.token_types(input_ids)
         out = self.model(**kwargs)
-        if self.head == "logits":
+        if self.head == heads.LOGITS:
             return out.logits
-        if self.head == "splade":  # log(1 + relu), max over the text's tokens
+        if self.head == heads.SPLADE:  # log(1 + relu), max over the text's tokens
             mask = attention_mask.unsqueeze(-1).to(out.logits.dtype)
             weights = torch.log1p(torch.relu(out.logits)) * mask  # >= 0: padding adds 0
             return weights.max(dim=1).values
         mask = attention_mask.unsqueeze(-1).to(out.last_hidden_state.dtype)
         summed = (out.last_hidden_state * mask).sum(dim=1)
-        return summed / mask.sum(dim=1).clamp(min=1e-9)
+        return summed / mask.sum(dim=1).clamp(min=heads.MIN_TOKENS)
 
 
 def segment_rule(tokenizer: Any, config: Any) -> int | None:

@@ -53,11 +53,10 @@ class Task:
 
     name: ClassVar[str]
     output_name: ClassVar[str]  # the graph's and Triton's output
-    # transformers Auto class the export loads, and the head ExportWrapper puts on it:
-    # "mean_pool", "logits" (a sequence or a token classifier's) or "splade" (onnx_export).
+    # transformers Auto class the export loads, and the head its graph ends with (heads).
     auto_model: ClassVar[str]
     head: ClassVar[str]
-    engine: ClassVar[str] = ONNX  # what registration converts the model for, Triton runs
+    engine: ClassVar[str] = ONNX  # registration converts the model for it; Triton runs it
     # The inputs are (query, text) pairs, told apart by token type ids.
     pairs: ClassVar[bool] = False
     per_token: ClassVar[bool] = False  # output [batch, sequence, n] rather than [batch, n]
@@ -100,8 +99,8 @@ class Task:
                 )
 
     def output_dim_problem(self, dim: int) -> str | None:
-        """Why a graph with ``dim`` outputs per text cannot serve this task; None if it can
-        (registration adds what it has)."""
+        """Why a graph with ``dim`` outputs per text cannot serve this task, None if it
+        can; registration's message goes on to say what the graph has."""
         return None
 
     def tokenize(

@@ -12,7 +12,7 @@ from infergate.observe import metrics as m
 from infergate.observe.reference import CONFIDENCE_EDGES
 from infergate.serving.postprocess import classification_outputs, softmax
 from infergate.serving.tokenization import Batch
-from infergate.tasks import Figures, Task
+from infergate.tasks import Figures, Task, heads
 
 if TYPE_CHECKING:
     from infergate.versions import Spec
@@ -22,7 +22,7 @@ class TextClassification(Task):
     name = "text-classification"
     output_name = "logits"
     auto_model = "AutoModelForSequenceClassification"
-    head = "logits"
+    head = heads.LOGITS
     parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-2, "int8": 0.35}
     quality_budget: ClassVar[Mapping[str, float]] = {"label_agreement": 0.99}
     graph_outputs = ("logits",)

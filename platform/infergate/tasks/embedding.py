@@ -11,7 +11,7 @@ import numpy as np
 from infergate.observe import metrics as m
 from infergate.serving.postprocess import l2_normalize
 from infergate.serving.tokenization import Batch
-from infergate.tasks import Figures, Task
+from infergate.tasks import Figures, Task, heads
 
 if TYPE_CHECKING:
     from infergate.versions import Spec
@@ -21,7 +21,7 @@ class FeatureExtraction(Task):
     name = "feature-extraction"
     output_name = "embeddings"
     auto_model = "AutoModel"
-    head = "mean_pool"
+    head = heads.MEAN_POOL
     # Gated on the cosine of the vectors, what retrieval compares.
     parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-4, "int8": 0.1}
     # Retrieval notices a changed neighbour; dynamic int8 on all-MiniLM-L6-v2 kept only 0.90

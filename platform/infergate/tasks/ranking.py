@@ -17,7 +17,7 @@ from infergate.errors import InvalidInput
 from infergate.observe import metrics as m
 from infergate.serving.postprocess import softmax
 from infergate.serving.tokenization import Batch, TextTokenizer
-from infergate.tasks import Figures, Task
+from infergate.tasks import Figures, Task, heads
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -37,7 +37,7 @@ class TextRanking(Task):
     name = "text-ranking"
     output_name = "scores"
     auto_model = "AutoModelForSequenceClassification"
-    head = "logits"
+    head = heads.LOGITS
     pairs = True
     # A classifier's tolerances, gated on the relevance score a client is sent.
     parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-2, "int8": 0.35}
