@@ -122,16 +122,10 @@ class ExportWrapper(torch.nn.Module):
         self.pass_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
         self.segment_sep_id = segment_sep_id
 
-    def token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.segment_sep_id is None:
-            return torch.zeros_like(input_ids)
-        is_sep = (input_ids == self.segment_sep_id).to(input_ids.dtype)
-        return ((torch.cumsum(is_sep, dim=1) - is_sep) > 0).to(input_ids.dtype)
-
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if self.pass_token_types:
-            kwargs["token_type_ids"] = self.token_types(input_ids)
+            kwargs["token_type_ids"] = token_types(input_ids, self.segment_sep_id)
         out = self.model(**kwargs)
         if self.head == heads.LOGITS:
             return out.logits
@@ -142,6 +136,15 @@ class ExportWrapper(torch.nn.Module):
         mask = attention_mask.unsqueeze(-1).to(out.last_hidden_state.dtype)
         summed = (out.last_hidden_state * mask).sum(dim=1)
         return summed / mask.sum(dim=1).clamp(min=heads.MIN_TOKENS)
+
+
+def token_types(input_ids: torch.Tensor, sep_id: int | None) -> torch.Tensor:
+    """``infergate.tasks.heads.token_types`` in torch, so the export traces it into the
+    graph."""
+    if sep_id is None:
+        return torch.zeros_like(input_ids)
+    is_sep = (input_ids == sep_id).to(input_ids.dtype)
+    return ((torch.cumsum(is_sep, dim=1) - is_sep) > 0).to(input_ids.dtype)
 
 
 def segment_rule(tokenizer: Any, config: Any) -> int | None:
@@ -156,9 +159,8 @@ def segment_rule(tokenizer: Any, config: Any) -> int | None:
         raise RegistrationError("text-ranking needs a tokenizer that encodes text pairs")
     ids = torch.tensor(enc["input_ids"])
     mask = torch.tensor(enc["attention_mask"])
-    wrapper = ExportWrapper(torch.nn.Identity(), "feature-extraction", int(sep))
     expected = torch.tensor(enc["token_type_ids"]) * mask
-    if not torch.equal(wrapper.token_types(ids) * mask, expected):
+    if not torch.equal(token_types(ids, int(sep)) * mask, expected):
         raise RegistrationError(
             "the tokenizer's token type ids for a (query, text) pair are not 0 up to the "
             "first separator and 1 after it; infergate cannot reproduce them in the graph"
