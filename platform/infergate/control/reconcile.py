@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from infergate import tasks
 from infergate.errors import BackendUnavailable, InfergateError, RegistrationError
 from infergate.registry import Registry
 from infergate.serving.loader import load_version
@@ -35,7 +36,6 @@ from infergate.versions import (
 )
 
 log = logging.getLogger(__name__)
-TRANSLATION = "translation"  # served by CTranslate2 rather than an ONNX file
 
 
 @dataclass
@@ -187,7 +187,7 @@ class ControlPlane:
                 f"it is a {spec.task} model; {version.name} serves {version.task}"
             )
         cache = version_cache(self.cache_dir, version)
-        if spec.task == TRANSLATION:
+        if tasks.get(spec.task).engine == tasks.CTRANSLATE2:
             ct2_dir = self.registry.download(version.source, CT2_DIR, cache)
             files = translation_files(
                 model, ct2_dir, precision=spec.precision,

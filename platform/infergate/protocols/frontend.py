@@ -119,7 +119,7 @@ class Frontend:
         """TEI's ``/rerank``: the body's model, or the only text-ranking model served."""
 
         def only_ranking_model() -> str | None:
-            names = [m.name for m in self.visible(request) if m.task == rerank_api.RANKING_TASK]
+            names = [m.name for m in self.visible(request) if rerank_api.reranks(m.task)]
             return names[0] if len(names) == 1 else None
 
         return await self.serve_inference(

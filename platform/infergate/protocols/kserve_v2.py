@@ -33,7 +33,7 @@ import numpy as np
 import orjson
 from starlette.responses import Response
 
-from infergate import __version__
+from infergate import __version__, tasks
 from infergate.errors import InvalidInput, MalformedBody, UnsupportedMediaType
 from infergate.protocols.wire import (
     Answer,
@@ -51,7 +51,6 @@ from infergate.protocols.wire import (
 
 if TYPE_CHECKING:
     from infergate.serving.runtime import ModelRuntime
-    from infergate.versions import Spec
 
 SERVER_NAME = "infergate"
 EXTENSIONS = ("binary_tensor_data",)
@@ -59,9 +58,12 @@ EXTENSIONS = ("binary_tensor_data",)
 # model's inputs and outputs are the pipeline's, not the graph's.
 PLATFORM = "infergate"
 INPUT = "text"
+# The output tensors of each task served here (infergate.tasks), text-classification
+# first, as the refusal of the other tasks has always named them.
 OUTPUTS = {
-    "text-classification": ("probabilities", "label"),
-    "feature-extraction": ("embedding",),
+    task.name: task.v2_outputs
+    for task in sorted(tasks.TASKS.values(), key=lambda task: task.name, reverse=True)
+    if task.v2_outputs
 }
 HEADER_LENGTH = "Inference-Header-Content-Length"
 OCTET_STREAM = "application/octet-stream"
@@ -92,30 +94,16 @@ def model_metadata(name: str, task: str, runtimes: Sequence[ModelRuntime]) -> di
     """The metadata of a model served by ``runtimes`` (all its versions, or the one a
     path names). Where versions disagree on a size (a canary with other labels), that
     dimension is -1 and the labels are left out."""
-    described = [_output_metadata(task, runtime.spec) for runtime in runtimes]
+    served = tasks.get(task)
+    described = [served.v2_output_metadata(runtime.spec) for runtime in runtimes]
     outputs = described[0] if all(d == described[0] for d in described) else None
     return {
         "name": name,
         "versions": [runtime.served.version for runtime in runtimes],
         "platform": PLATFORM,
         "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
-        "outputs": outputs if outputs is not None else _output_metadata(task, None),
+        "outputs": outputs if outputs is not None else served.v2_output_metadata(None),
     }
-
-
-def _output_metadata(task: str, spec: Spec | None) -> list[dict[str, Any]]:
-    if task == "text-classification":
-        probabilities: dict[str, Any] = {"name": "probabilities", "datatype": "FP32"}
-        if spec is None:
-            probabilities["shape"] = [-1, -1]
-        else:
-            probabilities["shape"] = [-1, len(spec.labels)]
-            probabilities["parameters"] = {"labels": list(spec.labels)}
-        return [probabilities, {"name": "label", "datatype": "BYTES", "shape": [-1]}]
-    if task not in OUTPUTS:
-        return []  # infer refuses it (infer_parser): no outputs over this protocol
-    dim = -1 if spec is None else spec.output_dim
-    return [{"name": "embedding", "datatype": "FP32", "shape": [-1, dim]}]
 
 
 # -- requests --------------------------------------------------------------------------
@@ -141,14 +129,15 @@ def infer_parser(task: str | None, headers: Mapping[str, str]) -> Parse:
     front-end says so before parsing), reading the binary extension's header."""
     header_length = headers.get(HEADER_LENGTH)
     encoding = headers.get("content-encoding")
-    outputs = OUTPUTS.get(task or "", ())
+    served = None if task is None else tasks.get(task)
+    outputs = () if served is None else served.v2_outputs
 
     def parse(body: bytes, limits: Limits) -> PredictRequest:
-        if task is not None and task not in OUTPUTS:
+        if served is not None and not served.v2_outputs:
             raise InvalidInput(
                 f"the V2 protocol serves {' and '.join(OUTPUTS)} models here; this is a "
                 f"{task} model: use POST /v1/models/{{name}}/predict"
-                + (" or /v1/models/{name}/rerank" if task == "text-ranking" else "")
+                + (" or /v1/models/{name}/rerank" if served.reranks else "")
             )
         return parse_infer(body, limits, outputs, header_length, encoding)
 
@@ -447,13 +436,7 @@ def _output_tensors(answer: Answer) -> dict[str, tuple[str, Any]]:
     """Each output of the answer's task: its datatype and values (an array, or a list of
     strings for BYTES)."""
     prediction = answer.prediction
-    if answer.runtime.spec.task == "text-classification":
-        labels = [output["label"] for output in prediction.outputs]
-        return {
-            "probabilities": ("FP32", np.asarray(prediction.raw, dtype=np.float32)),
-            "label": ("BYTES", labels),
-        }
-    return {"embedding": ("FP32", np.asarray(prediction.outputs, dtype=np.float32))}
+    return tasks.get(answer.runtime.spec.task).v2_tensors(prediction.outputs, prediction.raw)
 
 
 def _to_json(datatype: str, values: Any) -> Any:

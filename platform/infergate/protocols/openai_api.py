@@ -30,12 +30,12 @@ from infergate.protocols.wire import (
     validate_texts,
 )
 from infergate.serving.postprocess import l2_normalize
+from infergate.tasks import TASKS
 
 if TYPE_CHECKING:
     from infergate.serving.routing import ServedModel
     from infergate.serving.runtime import ModelRuntime
 
-EMBEDDING_TASK = "feature-extraction"
 ENCODINGS = ("float", "base64")
 EXAMPLE = '{"model": "embed", "input": ["first text", "second text"]}'
 OWNER = "infergate"
@@ -144,10 +144,11 @@ def refuse_unless_embeddings(request: PredictRequest, runtime: ModelRuntime) -> 
     """Before the picked version runs: it must make embeddings, with at least the
     dimensions asked for."""
     served, spec = runtime.served, runtime.spec
-    if spec.task != EMBEDDING_TASK:
+    if not TASKS[spec.task].openai_embeddings:
+        embedding = " or ".join(t.name for t in TASKS.values() if t.openai_embeddings)
         raise InvalidInput(
             f"model {served.name!r} is a {spec.task} model and makes no embeddings; name an "
-            f"embedding ({EMBEDDING_TASK}) model (GET /v1/models shows each model's task)",
+            f"embedding ({embedding}) model (GET /v1/models shows each model's task)",
             param="model",
         )
     dimensions = request.extra.get("dimensions")

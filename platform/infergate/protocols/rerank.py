@@ -29,12 +29,12 @@ from infergate.protocols.wire import (
     json_type,
     validate_texts,
 )
+from infergate.tasks import TASKS
 from infergate.tasks.ranking import ranked
 
 if TYPE_CHECKING:
     from infergate.serving.runtime import ModelRuntime
 
-RANKING_TASK = "text-ranking"
 EXAMPLE = '{"query": "What is Deep Learning?", "texts": ["Deep learning is...", "Cheese is..."]}'
 
 
@@ -120,11 +120,17 @@ def rerank_parser(with_model: bool, default: Callable[[], str | None] | None = N
     return parse
 
 
+def reranks(task: str) -> bool:
+    """Whether models of ``task`` answer rerank requests."""
+    return TASKS[task].reranks
+
+
 def refuse_unless_ranking(request: PredictRequest, runtime: ModelRuntime) -> None:
-    if runtime.spec.task != RANKING_TASK:
+    if not reranks(runtime.spec.task):
+        ranking = " or ".join(task.name for task in TASKS.values() if task.reranks)
         raise InvalidInput(
             f"model {runtime.served.name!r} is a {runtime.spec.task} model and ranks nothing; "
-            f"rerank needs a {RANKING_TASK} model (GET /v1/models shows each model's task)",
+            f"rerank needs a {ranking} model (GET /v1/models shows each model's task)",
             param="model",
         )
 

@@ -15,23 +15,14 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
+from infergate.tasks import TASKS
 
 if TYPE_CHECKING:
     from infergate.serving.routing import ServedModel
     from infergate.serving.runtime import ModelRuntime, Prediction
 
 # Every task's request parameters (infergate.tasks); a model refuses those of others.
-PARAMETERS = {
-    "normalize": bool,
-    "query": str,
-    "raw_scores": bool,
-    "top_k": int,
-    "aggregation_strategy": str,
-    "beam_size": int,
-    "max_decoding_length": int,
-    "source_lang": str,
-    "target_lang": str,
-}
+PARAMETERS = {key: kind for task in TASKS.values() for key, kind in task.parameters.items()}
 EXAMPLE = '{"inputs": "I love this film"} or {"inputs": ["first text", "second text"]}'
 
 

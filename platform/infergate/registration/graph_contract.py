@@ -20,7 +20,8 @@ adapted with the onnx library:
 
 Anything else (another input, a fixed batch or sequence axis, an output of the wrong
 rank or type, several outputs none of which the task names) is refused with one line
-saying what the graph has and what it needs. Pure: the onnx library only.
+saying what the graph has and what it needs. Pure: the onnx library, and the heads'
+names (``infergate.tasks.heads``).
 """
 
 from __future__ import annotations
@@ -32,19 +33,12 @@ import onnx
 from onnx import TensorProto, helper
 
 from infergate.errors import RegistrationError
+from infergate.tasks import heads
 
 INPUTS = ("input_ids", "attention_mask")
 TOKEN_TYPES = "token_type_ids"
 MIN_OPSET = 11  # CumSum, and the reductions' attribute forms below
 INTEGER_INPUTS = (TensorProto.INT64, TensorProto.INT32)
-# What a multi-output graph's output is found by, per task, after the task's own name.
-KNOWN_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "feature-extraction": ("sentence_embedding", "last_hidden_state", "token_embeddings"),
-    "text-classification": ("logits",),
-    "text-ranking": ("logits",),
-    "sparse-embedding": ("logits",),
-    "token-classification": ("logits",),
-}
 # Opset from which an operator takes ``axes`` as an input rather than an attribute.
 _AXES_AS_INPUT = {"ReduceSum": 13, "ReduceMax": 18, "ReduceMean": 18, "Unsqueeze": 13}
 _PREFIX = "infergate_"
@@ -145,13 +139,13 @@ def fit(model: onnx.ModelProto, task: str, head: str, per_token: bool) -> GraphF
                 "[batch, sequence, labels], one row per token"
             )
         added = ""
-    elif rank == 3 and head in ("mean_pool", "splade"):
+    elif rank == 3 and head in heads.POOLING:
         added = head  # per-token hidden states or MLM logits: the head goes into the graph
     elif rank in (None, 2):
         added = ""
     else:
-        per_text = "[batch, dim]" if head in ("mean_pool", "splade") else "[batch, labels]"
-        also = " or [batch, sequence, dim] to pool" if head in ("mean_pool", "splade") else ""
+        per_text = "[batch, dim]" if head in heads.POOLING else "[batch, labels]"
+        also = " or [batch, sequence, dim] to pool" if head in heads.POOLING else ""
         raise RegistrationError(
             f"the graph's output {output.name} has {rank} axes; a {task} model outputs "
             f"{per_text}{also}"
@@ -178,12 +172,13 @@ def _pick_output(graph: onnx.GraphProto, task: str) -> onnx.ValueInfoProto:
     if len(outputs) == 1:
         return outputs[0]
     by_name = {o.name: o for o in outputs}
-    for name in (get(task).output_name, *KNOWN_OUTPUTS.get(task, ())):
+    served = get(task)
+    for name in (served.output_name, *served.graph_outputs):
         if name in by_name:
             return by_name[name]
     raise RegistrationError(
         f"the graph has {len(outputs)} outputs ({', '.join(by_name)}) and none is one a "
-        f"{task} model is read from ({', '.join(KNOWN_OUTPUTS.get(task, ()))}); keep only "
+        f"{task} model is read from ({', '.join(served.graph_outputs)}); keep only "
         "the one to serve"
     )
 
@@ -339,7 +334,7 @@ def _head_nodes(head: str, hidden: str, opset: int) -> tuple[list[onnx.NodeProto
         helper.make_node("Cast", ["attention_mask"], [f"{p}mask_float"], to=TensorProto.FLOAT),
         *_with_axes("Unsqueeze", [f"{p}mask_float"], f"{p}mask", [-1], opset),
     ]
-    if head == "splade":  # log(1 + relu(x)) >= 0, so padding's zeros never win the max
+    if head == heads.SPLADE:  # log(1 + relu(x)) >= 0, so padding's zeros never win the max
         nodes += [
             helper.make_node("Relu", [hidden], [f"{p}relu"]),
             _constant(f"{p}one", [1.0], TensorProto.FLOAT),
@@ -354,7 +349,7 @@ def _head_nodes(head: str, hidden: str, opset: int) -> tuple[list[onnx.NodeProto
         helper.make_node("Mul", [hidden, f"{p}mask"], [f"{p}masked"]),
         *_with_axes("ReduceSum", [f"{p}masked"], f"{p}summed", [1], opset, keepdims=0),
         *_with_axes("ReduceSum", [f"{p}mask"], f"{p}counts", [1], opset, keepdims=0),
-        _constant(f"{p}tiny", [1e-9], TensorProto.FLOAT),
+        _constant(f"{p}tiny", [heads.MIN_TOKENS], TensorProto.FLOAT),
         helper.make_node("Max", [f"{p}counts", f"{p}tiny"], [f"{p}counts_min"]),
         helper.make_node("Div", [f"{p}summed", f"{p}counts_min"], [f"{p}pooled"]),
     ]

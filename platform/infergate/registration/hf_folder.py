@@ -97,7 +97,7 @@ def load_tokenizer(model_dir: Path, vocab_size: int) -> Any:
 
 
 def load_model(model_dir: Path, task: str) -> torch.nn.Module:
-    from infergate.tasks import get
+    from infergate.tasks import get, heads
 
     served = get(task)
     auto = getattr(transformers, served.auto_model)
@@ -114,10 +114,10 @@ def load_model(model_dir: Path, task: str) -> torch.nn.Module:
             f"cannot load the model in {model_dir}: {first_line(exc)}"
         ) from None
     # Missing weights are initialised at random: fatal, except the pooler mean pooling skips.
-    pooled = served.head == "mean_pool"
+    pooled = served.head == heads.MEAN_POOL
     missing = sorted(key for key in info["missing_keys"] if not pooled or "pooler" not in key)
     if missing:
-        head = "classification" if served.head == "logits" else task
+        head = "classification" if served.head == heads.LOGITS else task
         hint = "" if pooled else f" (no trained {head} head: fine-tune it first)"
         raise RegistrationError(f"{model_dir} has no weights for {', '.join(missing[:3])}{hint}")
     return model.eval()

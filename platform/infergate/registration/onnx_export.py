@@ -63,6 +63,7 @@ from infergate.registration.parity import (
 )
 from infergate.registration.quality import Budget, QualityReport
 from infergate.registration.steps import Steps
+from infergate.tasks import heads
 
 __all__ = ["OUTPUT_NAMES", "SUPPORTED_ARCHITECTURES", "BuildResult", "ParityReport", "build"]
 
@@ -121,26 +122,29 @@ class ExportWrapper(torch.nn.Module):
         self.pass_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
         self.segment_sep_id = segment_sep_id
 
-    def token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.segment_sep_id is None:
-            return torch.zeros_like(input_ids)
-        is_sep = (input_ids == self.segment_sep_id).to(input_ids.dtype)
-        return ((torch.cumsum(is_sep, dim=1) - is_sep) > 0).to(input_ids.dtype)
-
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if self.pass_token_types:
-            kwargs["token_type_ids"] = self.token_types(input_ids)
+            kwargs["token_type_ids"] = token_types(input_ids, self.segment_sep_id)
         out = self.model(**kwargs)
-        if self.head == "logits":
+        if self.head == heads.LOGITS:
             return out.logits
-        if self.head == "splade":  # log(1 + relu), max over the text's tokens
+        if self.head == heads.SPLADE:  # log(1 + relu), max over the text's tokens
             mask = attention_mask.unsqueeze(-1).to(out.logits.dtype)
             weights = torch.log1p(torch.relu(out.logits)) * mask  # >= 0: padding adds 0
             return weights.max(dim=1).values
         mask = attention_mask.unsqueeze(-1).to(out.last_hidden_state.dtype)
         summed = (out.last_hidden_state * mask).sum(dim=1)
-        return summed / mask.sum(dim=1).clamp(min=1e-9)
+        return summed / mask.sum(dim=1).clamp(min=heads.MIN_TOKENS)
+
+
+def token_types(input_ids: torch.Tensor, sep_id: int | None) -> torch.Tensor:
+    """``infergate.tasks.heads.token_types`` in torch, so the export traces it into the
+    graph."""
+    if sep_id is None:
+        return torch.zeros_like(input_ids)
+    is_sep = (input_ids == sep_id).to(input_ids.dtype)
+    return ((torch.cumsum(is_sep, dim=1) - is_sep) > 0).to(input_ids.dtype)
 
 
 def segment_rule(tokenizer: Any, config: Any) -> int | None:
@@ -155,9 +159,8 @@ def segment_rule(tokenizer: Any, config: Any) -> int | None:
         raise RegistrationError("text-ranking needs a tokenizer that encodes text pairs")
     ids = torch.tensor(enc["input_ids"])
     mask = torch.tensor(enc["attention_mask"])
-    wrapper = ExportWrapper(torch.nn.Identity(), "feature-extraction", int(sep))
     expected = torch.tensor(enc["token_type_ids"]) * mask
-    if not torch.equal(wrapper.token_types(ids) * mask, expected):
+    if not torch.equal(token_types(ids, int(sep)) * mask, expected):
         raise RegistrationError(
             "the tokenizer's token type ids for a (query, text) pair are not 0 up to the "
             "first separator and 1 after it; infergate cannot reproduce them in the graph"
@@ -213,7 +216,7 @@ def build(
         with steps("load"), transformers_quiet(not progress):
             model_type, config = load_config(model_dir)
             tokenizer = load_tokenizer(model_dir, int(config.vocab_size))
-            pairs = task == "text-ranking"
+            pairs = served.pairs
             segments = segment_rule(tokenizer, config) if pairs else None
             wrapper = ExportWrapper(load_model(model_dir, task), task, segments).eval()
             labels = labels_of(config) if served.needs_labels else []
@@ -227,11 +230,9 @@ def build(
                 example_texts = [(_EXPORT_QUERY, text) for text in _EXPORT_EXAMPLE]
             example = encode(example_texts)
             output_dim = _output_dim(wrapper, example, labels)
-            if pairs and output_dim not in (1, 2):
-                raise RegistrationError(
-                    f"a text-ranking model (cross-encoder) has 1 output (a relevance logit) "
-                    f"or 2 (not relevant, relevant); this one has {output_dim}"
-                )
+            problem = served.output_dim_problem(output_dim)
+            if problem:
+                raise RegistrationError(f"{problem}; this one has {output_dim}")
             _export(wrapper, example, work / "exported.onnx", output_name, served.per_token)
         with steps("optimise"):
             optimised = _optimise(work, config, model_type)
@@ -326,7 +327,7 @@ def _output_dim(wrapper: ExportWrapper, example: dict[str, np.ndarray], labels: 
 def default_samples(task: str) -> list[Sample]:
     """The parity check's sample inputs for ``task``."""
     texts = list(DEFAULT_SAMPLE_TEXTS)
-    if task == "text-ranking":
+    if tasks.get(task).pairs:
         return [(texts[i - 1], text) for i, text in enumerate(texts)]
     return list(texts)
 

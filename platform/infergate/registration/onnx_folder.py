@@ -63,6 +63,7 @@ from infergate.registration.onnx_export import (
 from infergate.registration.parity import Runner, batched_outputs, check_parity, onnx_runner
 from infergate.registration.quality import Budget
 from infergate.registration.steps import Steps
+from infergate.tasks import heads
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ def max_length(config: Any, tokenizer: Any, model_type: str, requested: int | No
 
 def reference_runner(path: Path, fitted: graph_contract.GraphFit, sep_id: int | None) -> Runner:
     """Run the user's file as it is: token types fed, the chosen output read, the head
-    the contract adds computed in numpy (``onnx_export.ExportWrapper``'s formulas)."""
+    the contract adds computed in numpy (``infergate.tasks.heads``)."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     dtypes = {name: (np.int32 if elem == onnx.TensorProto.INT32 else np.int64)
               for name, elem in fitted.input_types.items()}  # fmt: skip
@@ -141,29 +142,18 @@ def reference_runner(path: Path, fitted: graph_contract.GraphFit, sep_id: int | 
     def run(input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
         if fitted.token_types:
-            if sep_id is None:
-                types = np.zeros_like(input_ids)
-            else:
-                is_sep = (input_ids == sep_id).astype(np.int64)
-                types = ((np.cumsum(is_sep, axis=1) - is_sep) > 0).astype(np.int64)
-            feeds[graph_contract.TOKEN_TYPES] = types
+            feeds[graph_contract.TOKEN_TYPES] = heads.token_types(input_ids, sep_id)
         feeds = {name: value.astype(dtypes[name]) for name, value in feeds.items()}
         (out,) = session.run([fitted.output], feeds)
-        out = np.asarray(out, dtype=np.float32)
-        mask = attention_mask[..., None].astype(np.float32)
-        if fitted.head == "splade":
-            return (np.log1p(np.maximum(out, 0)) * mask).max(axis=1)
-        if fitted.head == "mean_pool":
-            return (out * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
-        return out
+        return heads.apply(fitted.head, np.asarray(out, dtype=np.float32), attention_mask)
 
     return run
 
 
 def _segment_sep(tokenizer: Any, task: str, fitted: graph_contract.GraphFit) -> int | None:
-    """The separator a pair's second segment starts after, for a text-ranking graph that
-    reads token_type_ids; checked against the tokenizer's own type ids."""
-    if task != "text-ranking" or not fitted.token_types:
+    """The separator a pair's second segment starts after, for a graph of (query, text)
+    pairs that reads token_type_ids; checked against the tokenizer's own type ids."""
+    if not tasks.get(task).pairs or not fitted.token_types:
         return None
     from infergate.registration.onnx_export import segment_rule
 
@@ -302,7 +292,7 @@ def build(
 
 def _probe_samples(task: str) -> list[Sample]:
     """Two inputs of different lengths, so the probe batch has padding."""
-    if task == "text-ranking":
+    if tasks.get(task).pairs:
         return [(_EXPORT_QUERY, "a short text"), (_EXPORT_QUERY, "a somewhat longer text here")]
     return ["a short text", "a somewhat longer text, so that this batch needs padding"]
 
@@ -322,11 +312,9 @@ def _check_output(
     dim = int(out.shape[-1])
     if labels and dim != len(labels):
         raise RegistrationError(f"the graph has {dim} outputs but id2label names {len(labels)}")
-    if served.name == "text-ranking" and dim not in (1, 2):
-        raise RegistrationError(
-            f"a text-ranking model (cross-encoder) has 1 output (a relevance logit) or 2 "
-            f"(not relevant, relevant); this graph has {dim}"
-        )
+    problem = served.output_dim_problem(dim)
+    if problem:
+        raise RegistrationError(f"{problem}; this graph has {dim}")
     return dim
 
 

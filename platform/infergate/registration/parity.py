@@ -69,6 +69,7 @@ from tqdm import tqdm
 from infergate.errors import RegistrationError
 from infergate.registration.quality import rank_agreement
 from infergate.serving.postprocess import l2_normalize, softmax
+from infergate.tasks import TASKS
 from infergate.tasks.ranking import relevance
 
 # (input_ids, attention_mask) -> outputs; int64 in, float32 out, leading batch axis.
@@ -77,31 +78,14 @@ Runner = Callable[[np.ndarray, np.ndarray], np.ndarray]
 # the longest.
 Encoder = Callable[[Sequence[Any]], dict[str, np.ndarray]]
 
-# scores (text-ranking) are gated like logits, on the relevance score a client is sent;
-# term_weights (sparse-embedding) like embeddings, on the cosine of the sparse vectors;
-# token_logits (token-classification) like logits, one row per unpadded token.
+# precision -> output name -> tolerance, from each task's parity_tolerances.
 TOLERANCES: dict[str, dict[str, float]] = {
-    "fp32": {
-        "embeddings": 1e-3,
-        "logits": 1e-3,
-        "scores": 1e-3,
-        "term_weights": 1e-3,
-        "token_logits": 1e-3,
-    },
-    "fp16": {
-        "embeddings": 1e-4,
-        "logits": 1e-2,
-        "scores": 1e-2,
-        "term_weights": 1e-4,
-        "token_logits": 1e-2,
-    },
-    "int8": {
-        "embeddings": 0.1,
-        "logits": 0.35,
-        "scores": 0.35,
-        "term_weights": 0.1,
-        "token_logits": 0.35,
-    },
+    precision: {
+        task.output_name: task.parity_tolerances[precision]
+        for task in TASKS.values()
+        if task.parity_tolerances
+    }
+    for precision in ("fp32", "fp16", "int8")
 }
 
 # Varied lengths, punctuation, numbers, casing and a few non-ASCII characters.

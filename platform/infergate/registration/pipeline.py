@@ -40,7 +40,7 @@ from infergate.versions import (
 
 DEFAULT_REFERENCE_TEXTS = PROJECT_ROOT / "registry" / "demo" / "sentiment.tsv"
 REFERENCE_BATCH = 32
-TRANSLATION = "translation"  # registered through CTranslate2, not ONNX
+ENGINE_NAMES = {tasks.ONNX: "ONNX", tasks.CTRANSLATE2: "CTranslate2"}
 
 
 @dataclass(frozen=True)
@@ -172,24 +172,25 @@ def register_model(
         raise RegistrationError(f"model name {name!r} is not valid; use letters, digits, - or _")
     if alias == "":
         raise RegistrationError("--alias needs a name, such as champion")
+    served = tasks.get(task)
     try:
-        budget = Budget.parse(quality_budget, tasks.get(task).output_name)
+        budget = Budget.parse(quality_budget, served.output_name)
     except ValueError as exc:
         raise RegistrationError(str(exc)) from None
     _check_task(registry, name, task)
     texts, queries = read_inputs(reference_texts or DEFAULT_REFERENCE_TEXTS)
-    if task == TRANSLATION:
+    if served.engine == tasks.CTRANSLATE2:
         if onnx_file is not None:
             raise RegistrationError(
-                "a translation model is registered from its Hugging Face folder, which "
+                f"a {task} model is registered from its Hugging Face folder, which "
                 "CTranslate2 converts; --onnx does not apply"
             )
         return register_translation(
-            src, name=name, registry=registry, precision=precision, max_length=max_length,
-            texts=texts, alias=alias, triton=triton, progress=progress,
+            src, task=task, name=name, registry=registry, precision=precision,
+            max_length=max_length, texts=texts, alias=alias, triton=triton, progress=progress,
         )  # fmt: skip
     samples: list[onnx_export.Sample] = list(texts)
-    if task == "text-ranking":
+    if served.pairs:
         queries = reference_queries(texts, queries)
         samples = list(zip(queries, texts, strict=True))
     with tempfile.TemporaryDirectory(prefix="infergate-register-") as tmp:
@@ -211,7 +212,7 @@ def register_model(
         tokenizer = TextTokenizer.from_dir(built.tokenizer_dir, built.max_length)
         stats = run_reference(
             built.onnx_path, tokenizer, task, built.output_name, built.labels, texts, progress,
-            queries if task == "text-ranking" else None,
+            queries if served.pairs else None,
         )  # fmt: skip
         spec = {
             "format": 1,
@@ -285,6 +286,7 @@ def register_model(
 def register_translation(
     src: str,
     *,
+    task: str,
     name: str,
     registry: Registry,
     precision: str,
@@ -310,13 +312,11 @@ def register_translation(
             print("reference statistics: translating the reference texts", file=sys.stderr)
         lengths, unknown, generated = ct2_export.reference_run(built, texts)
         figures = Figures(generated.astype(np.float64))
-        stats = reference_stats(
-            TRANSLATION, lengths, unknown, np.zeros((0, 0)), [], figures=figures
-        )
-        output_name = tasks.get(TRANSLATION).output_name
+        stats = reference_stats(task, lengths, unknown, np.zeros((0, 0)), [], figures=figures)
+        output_name = tasks.get(task).output_name
         spec = {
             "format": 1,
-            "task": TRANSLATION,
+            "task": task,
             "labels": [],
             "output_name": output_name,
             "output_dim": 1,  # a row of ids of any length: unused
@@ -339,7 +339,7 @@ def register_translation(
         parity = built.parity
         version = registry.register(
             name,
-            TRANSLATION,
+            task,
             out,
             metrics={
                 "parity_exact_match": parity.exact_match,
@@ -351,9 +351,9 @@ def register_translation(
                 "unknown_token_ratio_reference": stats["unknown_token_ratio_mean"],
             },
             params={
-                "task": TRANSLATION,
+                "task": task,
                 "precision": built.precision,
-                "engine": "ctranslate2",
+                "engine": tasks.get(task).engine,
                 "compute_type_cpu": parity.compute_type,
                 "max_length": str(built.max_length),
                 "model_type": built.model_type,
@@ -366,9 +366,7 @@ def register_translation(
             },
             alias=alias,
         )
-        return Registered(
-            name, version, TRANSLATION, built.precision, parity.check, built.model_bytes
-        )
+        return Registered(name, version, task, built.precision, parity.check, built.model_bytes)
 
 
 def _check_task(registry: Registry, name: str, task: str) -> None:
@@ -385,7 +383,7 @@ def _check_task(registry: Registry, name: str, task: str) -> None:
 
 def describe(registered: Registered) -> str:
     r = asdict(registered)
-    engine = "CTranslate2" if r["task"] == TRANSLATION else "ONNX"
+    engine = ENGINE_NAMES[tasks.get(r["task"]).engine]
     line = (
         f"registered {r['name']} version {r['version']} ({r['task']}, {r['precision']}, "
         f"{_size(r['onnx_bytes'])} {engine}, parity {r['parity_check']})"

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from infergate.serving.postprocess import l2_normalize, softmax
+from infergate.tasks import TASKS
 from infergate.tasks.ranking import relevance
 
 NEIGHBOURS = 10  # recall@k of the nearest neighbours
@@ -46,15 +47,10 @@ FIGURES: dict[str, Figure] = {
     "rank_agreement": Figure("share of pairs of texts kept in the same order"),
 }
 
-# What a registration must meet unless told otherwise, by the graph's output. Embeddings:
-# retrieval notices a changed neighbour; dynamic int8 on all-MiniLM-L6-v2 kept only 0.90
-# of nearest neighbours (infergate.registration.quantise has the figures).
+# What a registration must meet unless told otherwise, by the graph's output: each task's
+# quality_budget.
 DEFAULT_BUDGETS: dict[str, dict[str, float]] = {
-    "embeddings": {"cosine_mean": 0.998, "nn_agreement": 0.97},
-    "term_weights": {"cosine_mean": 0.99},
-    "logits": {"label_agreement": 0.99},
-    "token_logits": {"label_agreement": 0.99},
-    "scores": {"rank_agreement": 0.97},
+    task.output_name: dict(task.quality_budget) for task in TASKS.values() if task.quality_budget
 }
 
 

@@ -24,6 +24,11 @@ from infergate.observe.metrics import Metric
 
 if TYPE_CHECKING:
     from infergate.serving.tokenization import Batch, TextTokenizer
+    from infergate.versions import Spec
+
+# Engines a task's model is registered for and Triton runs (Task.engine).
+ONNX = "onnx"
+CTRANSLATE2 = "ctranslate2"
 
 
 @dataclass(frozen=True)
@@ -48,13 +53,15 @@ class Task:
 
     name: ClassVar[str]
     output_name: ClassVar[str]  # the graph's and Triton's output
-    # transformers Auto class the export loads, and the head ExportWrapper puts on it:
-    # "mean_pool", "logits" (a sequence or a token classifier's) or "splade" (onnx_export).
+    # transformers Auto class the export loads, and the head its graph ends with (heads).
     auto_model: ClassVar[str]
     head: ClassVar[str]
+    engine: ClassVar[str] = ONNX  # registration converts the model for it; Triton runs it
+    # The inputs are (query, text) pairs, told apart by token type ids.
+    pairs: ClassVar[bool] = False
     per_token: ClassVar[bool] = False  # output [batch, sequence, n] rather than [batch, n]
     needs_labels: ClassVar[bool] = False  # config.id2label names the outputs
-    # Request parameters (name -> type) this task takes; protocol.PARAMETERS holds all.
+    # Request parameters (name -> type) this task takes; protocols.wire.PARAMETERS holds all.
     parameters: ClassVar[Mapping[str, type]] = {}
     probe_parameters: ClassVar[Mapping[str, Any]] = {}  # what a readiness probe sends
     value_key: ClassVar[str]  # the per-text value's name in reference and drift
@@ -66,6 +73,18 @@ class Task:
     centroid: ClassVar[bool] = False  # drift also follows the mean direction of ``raw``
     # Seconds of the Triton call per generated token, observed per request (translation).
     time_per_token_metric: ClassVar[Metric | None] = None
+    # Registration's gates on an ONNX graph's output (infergate.registration): the parity
+    # check's tolerance per precision, on the figure a client is sent, and the quality
+    # budget a registration meets unless told otherwise (names of quality.FIGURES).
+    parity_tolerances: ClassVar[Mapping[str, float]] = {}
+    quality_budget: ClassVar[Mapping[str, float]] = {}
+    # The outputs a user's multi-output graph is read from, after ``output_name``.
+    graph_outputs: ClassVar[tuple[str, ...]] = ()
+    # Which endpoints beside predict serve it: TEI's and Cohere's rerank, OpenAI's
+    # embeddings, and the KServe V2 protocol's tensors (its output names, in order).
+    reranks: ClassVar[bool] = False
+    openai_embeddings: ClassVar[bool] = False
+    v2_outputs: ClassVar[tuple[str, ...]] = ()
 
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
         """Refuse parameters of other tasks, and values out of range."""
@@ -78,6 +97,11 @@ class Task:
                     f"{sorted(self.parameters) or 'none'}",
                     param="parameters",
                 )
+
+    def output_dim_problem(self, dim: int) -> str | None:
+        """Why a graph with ``dim`` outputs per text cannot serve this task, None if it
+        can; registration's message goes on to say what the graph has."""
+        return None
 
     def tokenize(
         self, tokenizer: TextTokenizer, texts: list[str], parameters: Mapping[str, Any]
@@ -115,6 +139,16 @@ class Task:
 
     def figures(self, raw: np.ndarray, batch: Batch | None, labels: Sequence[str]) -> Figures:
         """Per-text figures of ``raw`` (what ``postprocess`` returned second)."""
+        raise NotImplementedError
+
+    def v2_output_metadata(self, spec: Spec | None) -> list[dict[str, Any]]:
+        """The KServe V2 metadata of ``v2_outputs`` for a version of ``spec`` (None:
+        versions that disagree, whose sizes are -1)."""
+        return []
+
+    def v2_tensors(self, outputs: Any, raw: np.ndarray) -> dict[str, tuple[str, Any]]:
+        """Each of ``v2_outputs`` of one answer (``postprocess``'s two results): its V2
+        datatype and values (an array, or a list of strings for BYTES)."""
         raise NotImplementedError
 
     def counter_shares(

@@ -4,7 +4,7 @@ model config."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -12,14 +12,20 @@ from infergate.observe import metrics as m
 from infergate.observe.reference import CONFIDENCE_EDGES
 from infergate.serving.postprocess import classification_outputs, softmax
 from infergate.serving.tokenization import Batch
-from infergate.tasks import Figures, Task
+from infergate.tasks import Figures, Task, heads
+
+if TYPE_CHECKING:
+    from infergate.versions import Spec
 
 
 class TextClassification(Task):
     name = "text-classification"
     output_name = "logits"
     auto_model = "AutoModelForSequenceClassification"
-    head = "logits"
+    head = heads.LOGITS
+    parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-2, "int8": 0.35}
+    quality_budget: ClassVar[Mapping[str, float]] = {"label_agreement": 0.99}
+    graph_outputs = ("logits",)
     needs_labels = True
     value_key = "confidence"  # the probability of the predicted class
     value_metric = m.CONFIDENCE
@@ -27,6 +33,7 @@ class TextClassification(Task):
     category_key = "class_distribution"
     category_feature = "predicted_class"
     category_metric = m.PREDICTED_CLASS
+    v2_outputs = ("probabilities", "label")
 
     def postprocess(
         self,
@@ -44,3 +51,20 @@ class TextClassification(Task):
         one_hot = np.eye(n_classes)[raw.argmax(axis=-1)]
         names = tuple(labels) if len(labels) == n_classes else ()
         return Figures(raw.max(axis=-1).astype(np.float64), one_hot, names)
+
+    def v2_output_metadata(self, spec: Spec | None) -> list[dict[str, Any]]:
+        """The probabilities' columns are in the order of their ``labels`` parameter."""
+        probabilities: dict[str, Any] = {"name": "probabilities", "datatype": "FP32"}
+        if spec is None:
+            probabilities["shape"] = [-1, -1]
+        else:
+            probabilities["shape"] = [-1, len(spec.labels)]
+            probabilities["parameters"] = {"labels": list(spec.labels)}
+        return [probabilities, {"name": "label", "datatype": "BYTES", "shape": [-1]}]
+
+    def v2_tensors(self, outputs: Any, raw: np.ndarray) -> dict[str, tuple[str, Any]]:
+        labels = [output["label"] for output in outputs]
+        return {
+            "probabilities": ("FP32", np.asarray(raw, dtype=np.float32)),
+            "label": ("BYTES", labels),
+        }

@@ -17,7 +17,7 @@ from infergate.errors import InvalidInput
 from infergate.observe import metrics as m
 from infergate.serving.postprocess import softmax
 from infergate.serving.tokenization import Batch, TextTokenizer
-from infergate.tasks import Figures, Task
+from infergate.tasks import Figures, Task, heads
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -37,11 +37,17 @@ class TextRanking(Task):
     name = "text-ranking"
     output_name = "scores"
     auto_model = "AutoModelForSequenceClassification"
-    head = "logits"
+    head = heads.LOGITS
+    pairs = True
+    # A classifier's tolerances, gated on the relevance score a client is sent.
+    parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-2, "int8": 0.35}
+    quality_budget: ClassVar[Mapping[str, float]] = {"rank_agreement": 0.97}
+    graph_outputs = ("logits",)
     parameters: ClassVar[Mapping[str, type]] = {"query": str, "raw_scores": bool}
     probe_parameters: ClassVar[Mapping[str, Any]] = {"query": "readiness probe"}
     value_key = "relevance_score"
     value_metric = m.RELEVANCE_SCORE
+    reranks = True
 
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
         super().check_parameters(parameters, model)
@@ -52,6 +58,14 @@ class TextRanking(Task):
                 '"parameters": {"query": "..."} (or use /v1/models/{name}/rerank)',
                 param="parameters",
             )
+
+    def output_dim_problem(self, dim: int) -> str | None:
+        if dim in (1, 2):
+            return None
+        return (
+            "a text-ranking model (cross-encoder) has 1 output (a relevance logit) or 2 "
+            "(not relevant, relevant)"
+        )
 
     def tokenize(
         self, tokenizer: TextTokenizer, texts: list[str], parameters: Mapping[str, Any]

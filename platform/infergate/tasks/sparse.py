@@ -18,7 +18,7 @@ import numpy as np
 from infergate.errors import InvalidInput
 from infergate.observe import metrics as m
 from infergate.serving.tokenization import Batch
-from infergate.tasks import Figures, Task
+from infergate.tasks import Figures, Task, heads
 
 
 def sparse_terms(weights: np.ndarray, top_k: int | None = None) -> dict[str, list]:
@@ -34,7 +34,11 @@ class SparseEmbedding(Task):
     name = "sparse-embedding"
     output_name = "term_weights"
     auto_model = "AutoModelForMaskedLM"
-    head = "splade"
+    head = heads.SPLADE
+    # The embeddings' tolerances, gated on the cosine of the sparse vectors.
+    parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-4, "int8": 0.1}
+    quality_budget: ClassVar[Mapping[str, float]] = {"cosine_mean": 0.99}
+    graph_outputs = ("logits",)
     parameters: ClassVar[Mapping[str, type]] = {"top_k": int}
     value_key = "nonzero_terms"  # terms with a weight above 0, per text
     value_metric = m.SPARSE_TERMS

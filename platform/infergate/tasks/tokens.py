@@ -34,7 +34,7 @@ from infergate.errors import InvalidInput
 from infergate.observe import metrics as m
 from infergate.serving.postprocess import softmax
 from infergate.serving.tokenization import Batch, TextTokenizer
-from infergate.tasks import Figures, Task
+from infergate.tasks import Figures, Task, heads
 
 STRATEGIES = ("none", "simple", "first", "max", "average")
 DEFAULT_STRATEGY = "simple"
@@ -150,8 +150,12 @@ class TokenClassification(Task):
     name = "token-classification"
     output_name = "token_logits"
     auto_model = "AutoModelForTokenClassification"
-    head = "logits"
+    head = heads.LOGITS
     per_token = True
+    # A classifier's tolerances, over one row per unpadded token.
+    parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-2, "int8": 0.35}
+    quality_budget: ClassVar[Mapping[str, float]] = {"label_agreement": 0.99}
+    graph_outputs = ("logits",)
     needs_labels = True
     parameters: ClassVar[Mapping[str, type]] = {"aggregation_strategy": str}
     value_key = "entities_per_text"  # counted with the simple strategy, whatever was asked

@@ -25,7 +25,7 @@ import numpy as np
 from infergate.errors import InvalidInput
 from infergate.observe import metrics as m
 from infergate.serving.tokenization import Batch, TextTokenizer
-from infergate.tasks import Figures, Task
+from infergate.tasks import CTRANSLATE2, Figures, Task, heads
 
 PAD_ID = -1  # pads the output rows; no token has this id
 DECODING_INPUT = "decoding"  # Triton's per-row input: (beam_size, max_decoding_length)
@@ -59,7 +59,8 @@ class Translation(Task):
     name = "translation"
     output_name = "translation_ids"
     auto_model = "AutoModelForSeq2SeqLM"
-    head = "generate"  # no ONNX export: CTranslate2 converts it (infergate.registration.ct2_export)
+    engine = CTRANSLATE2  # infergate.registration.ct2_export converts it
+    head = heads.GENERATE
     parameters: ClassVar[Mapping[str, type]] = {
         "beam_size": int,
         "max_decoding_length": int,

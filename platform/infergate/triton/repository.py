@@ -35,16 +35,14 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from infergate.config import TritonSettings
-from infergate.tasks import TASKS
+from infergate.tasks import CTRANSLATE2, ONNX, TASKS
 from infergate.tasks.translation import DECODING_INPUT
 from infergate.versions import CT2_DIR, ONNX_FILE
 
 INPUT_NAMES = ("input_ids", "attention_mask")
-TRANSLATION_OUTPUT = TASKS["translation"].output_name
-# The ONNX graphs' outputs (float32); translation's is CTranslate2's, int64 ids.
-OUTPUT_NAMES = tuple(
-    task.output_name for task in TASKS.values() if task.output_name != TRANSLATION_OUTPUT
-)
+# CTranslate2's output (translation's), int64 ids; the ONNX graphs' outputs are float32.
+(TRANSLATION_OUTPUT,) = (task.output_name for task in TASKS.values() if task.engine == CTRANSLATE2)
+OUTPUT_NAMES = tuple(task.output_name for task in TASKS.values() if task.engine == ONNX)
 # Outputs with one row per token, [batch, sequence, n] (dims [-1, n]); the others are
 # [batch, n].
 PER_TOKEN_OUTPUTS = tuple(task.output_name for task in TASKS.values() if task.per_token)

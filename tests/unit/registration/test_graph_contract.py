@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 from infergate.errors import RegistrationError
 from infergate.registration.graph_contract import adapt, fit, output_dim, quantised_ops
-from infergate.tasks import get
+from infergate.tasks import get, heads
 
 IDS = np.array([[2, 7, 3, 9, 3], [2, 5, 3, 0, 0]], dtype=np.int64)
 MASK = (IDS != 0).astype(np.int64)
@@ -222,3 +222,16 @@ def test_quantised_operators_are_found():
     model = toy_graph()
     model.graph.node.append(helper.make_node("DequantizeLinear", ["a", "b"], ["c"]))
     assert quantised_ops(model) == ["DequantizeLinear"]
+
+
+@pytest.mark.parametrize("task", ["feature-extraction", "sparse-embedding"])
+def test_the_head_added_in_the_graph_is_the_numpy_references(task):
+    model = toy_graph(token_types=False, output="last_hidden_state")
+    fitted, adapted = fitted_and_adapted(model, task)
+    reference = heads.apply(fitted.head, expected(IDS).astype(np.float32), MASK)
+    np.testing.assert_allclose(run(adapted), reference, rtol=1e-6)
+
+
+def test_the_token_types_computed_in_the_graph_are_the_numpy_references():
+    _, adapted = fitted_and_adapted(toy_graph(), "token-classification", sep=SEP)
+    np.testing.assert_allclose(run(adapted), expected(IDS, heads.token_types(IDS, SEP)))
