@@ -17,14 +17,12 @@ tensors of one text input; their models are refused here with a message naming t
 own endpoint.
 
 Protocol: https://github.com/kserve/open-inference-protocol/blob/main/specification/protocol/inference_rest.md
-Binary tensors: https://github.com/triton-inference-server/server/blob/main/docs/protocol/extension_binary_data.md
+The binary tensor data extension: ``infergate.protocols.v2_binary``.
 """
 
 from __future__ import annotations
 
 import math
-import re
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,6 +33,7 @@ from starlette.responses import Response
 
 from infergate import __version__, tasks
 from infergate.errors import InvalidInput, MalformedBody, UnsupportedMediaType
+from infergate.protocols.v2_binary import HEADER_LENGTH, binary_elements, split, to_binary
 from infergate.protocols.wire import (
     Answer,
     Limits,
@@ -65,7 +64,6 @@ OUTPUTS = {
     for task in sorted(tasks.TASKS.values(), key=lambda task: task.name, reverse=True)
     if task.v2_outputs
 }
-HEADER_LENGTH = "Inference-Header-Content-Length"
 OCTET_STREAM = "application/octet-stream"
 # binary_data_output is the extension's; normalize is the predict endpoint's.
 PARAMETERS = {"binary_data_output": bool, "normalize": bool}
@@ -73,8 +71,6 @@ REQUEST_KEYS = frozenset({"id", "inputs", "outputs", "parameters"})
 INPUT_KEYS = frozenset({"name", "shape", "datatype", "data", "parameters"})
 OUTPUT_KEYS = frozenset({"name", "parameters"})
 EXAMPLE = '{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}'
-_DIGITS = re.compile(r"[0-9]+")
-_LENGTH = struct.Struct("<I")  # a BYTES element's length: 4 bytes, little-endian
 
 
 @dataclass(frozen=True)
@@ -159,7 +155,7 @@ def parse_infer(
             f"content-encoding {content_encoding!r} is not supported; send the body uncompressed"
         )
     check_body_size(body, limits)
-    header, binary = _split(body, header_length)
+    header, binary = split(body, header_length)
     payload = load_json(header, EXAMPLE)
     if not isinstance(payload, dict):
         raise InvalidInput(f"expected a JSON object such as {EXAMPLE}, got {json_type(payload)}")
@@ -174,24 +170,6 @@ def parse_infer(
     return PredictRequest(
         texts=texts, parameters=parameters, extra={"id": request_id, "outputs": requested}
     )
-
-
-def _split(body: bytes, header_length: str | None) -> tuple[bytes, bytes | None]:
-    """The JSON header and the binary tensors after it (None: the body is all JSON)."""
-    if header_length is None:
-        return body, None
-    if not _DIGITS.fullmatch(header_length.strip()):
-        raise MalformedBody(
-            f"Inference-Header-Content-Length is {header_length!r}; expected the length "
-            "in bytes of the JSON header at the start of the body"
-        )
-    length = int(header_length)
-    if length > len(body):
-        raise MalformedBody(
-            f"Inference-Header-Content-Length is {length} bytes but the body has only "
-            f"{len(body)}; it must give the length of the JSON header at the body's start"
-        )
-    return body[:length], body[length:]
 
 
 def _input_texts(inputs: Any, binary: bytes | None, limits: Limits) -> list[str]:
@@ -243,7 +221,7 @@ def _input_texts(inputs: Any, binary: bytes | None, limits: Limits) -> list[str]
                 f"{where} declares binary_data_size {size} but the body has {len(binary)} "
                 "bytes after its JSON header"
             )
-        elements = _binary_elements(binary, count, where)
+        elements = binary_elements(binary, count, where)
     if len(elements) != count:
         held = len(elements) if len(elements) <= count else f"more than {count}"
         raise InvalidInput(
@@ -306,36 +284,6 @@ def _json_elements(data: Any, limit: int, where: str) -> list[Any]:
         else:
             stack.pop()
     return flat
-
-
-def _binary_elements(raw: bytes, limit: int, where: str) -> list[str]:
-    """BYTES elements: each a 4-byte little-endian length, then that many bytes of UTF-8;
-    at most ``limit`` + 1 are decoded."""
-    texts: list[str] = []
-    offset = 0
-    while offset < len(raw) and len(texts) <= limit:
-        index = len(texts)
-        if offset + _LENGTH.size > len(raw):
-            raise MalformedBody(
-                f"{where} element {index} is cut short: {len(raw) - offset} byte(s) where a "
-                "4-byte length was expected"
-            )
-        (size,) = _LENGTH.unpack_from(raw, offset)
-        offset += _LENGTH.size
-        if offset + size > len(raw):
-            raise MalformedBody(
-                f"{where} element {index} declares {size} bytes but only "
-                f"{len(raw) - offset} remain in the binary data"
-            )
-        try:
-            texts.append(raw[offset : offset + size].decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise MalformedBody(
-                f"{where} element {index} is not valid UTF-8 (bad byte at offset "
-                f"{exc.start}); texts must be UTF-8"
-            ) from None
-        offset += size
-    return texts
 
 
 def _requested_outputs(
@@ -415,7 +363,7 @@ def render_infer(answer: Answer) -> dict[str, Any] | Response:
         tensor: dict[str, Any] = {"name": output.name, "datatype": datatype}
         tensor["shape"] = list(np.shape(values))
         if output.binary:
-            chunk = _to_binary(datatype, values)
+            chunk = to_binary(datatype, values)
             tensor["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
         else:
@@ -444,10 +392,3 @@ def _to_json(datatype: str, values: Any) -> Any:
         return list(values)
     # Row-major; orjson writes a float32 as one: 0.98, not 0.9800000190734863.
     return np.ravel(values)
-
-
-def _to_binary(datatype: str, values: Any) -> bytes:
-    if datatype == "BYTES":
-        encoded = [value.encode("utf-8") for value in values]
-        return b"".join(_LENGTH.pack(len(value)) + value for value in encoded)
-    return np.ascontiguousarray(values, dtype="<f4").tobytes()
