@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from infergate.bench import cli as bench_cli
-from infergate.config import TASKS, StackConfig, load_config
+from infergate.config import StackConfig, load_config
 from infergate.control import cli as canary_cli
 from infergate.dashboards import cli as dashboards_cli
 from infergate.errors import InfergateError, StackError, exit_code
 from infergate.serving import keys_cli
 from infergate.serving.access import read_keys
+from infergate.tasks import TASKS
 
 log = logging.getLogger("infergate")
 DETACH_TIMEOUT_S = 1800.0  # the first `up --demo` trains and registers the demo models
@@ -286,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         "PyTorch weights is registered from its own ONNX file",
     )
     register.add_argument("--name", required=True, help="registered model name")
-    register.add_argument("--task", required=True, choices=TASKS)
+    register.add_argument("--task", required=True, choices=list(TASKS))
     register.add_argument("--precision", choices=("int8", "fp16", "fp32"), default="int8")
     register.add_argument("--max-length", type=int, help="truncate inputs to this many tokens")
     register.add_argument(

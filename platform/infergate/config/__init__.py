@@ -323,20 +323,3 @@ def load_config(
 
 
 Precision = Literal["int8", "fp16", "fp32"]
-Task = Literal[
-    "feature-extraction",
-    "text-classification",
-    "text-ranking",
-    "sparse-embedding",
-    "token-classification",
-    "translation",
-]
-# What each does: infergate.tasks (which a unit test keeps equal to this list).
-TASKS: tuple[str, ...] = (
-    "feature-extraction",
-    "text-classification",
-    "text-ranking",
-    "sparse-embedding",
-    "token-classification",
-    "translation",
-)

@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from infergate import tasks
-from infergate.config import PROJECT_ROOT, TASKS, TritonSettings
+from infergate.config import PROJECT_ROOT, TritonSettings
 from infergate.errors import ModelNotFound, RegistrationError
 from infergate.observe.reference import reference_stats
 from infergate.registration.quality import Budget
@@ -166,8 +166,10 @@ def register_model(
     and config beside a graph registered as it is (``infergate.registration.onnx_folder``)."""
     from infergate.registration import onnx_export, onnx_folder
 
-    if task not in TASKS:
-        raise RegistrationError(f"task {task!r} is not supported; choose one of {list(TASKS)}")
+    if task not in tasks.TASKS:
+        raise RegistrationError(
+            f"task {task!r} is not supported; choose one of {list(tasks.TASKS)}"
+        )
     if not name or name != name.strip() or "/" in name:
         raise RegistrationError(f"model name {name!r} is not valid; use letters, digits, - or _")
     if alias == "":
