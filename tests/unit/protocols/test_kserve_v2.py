@@ -597,3 +597,14 @@ def test_answers_fit_the_models_the_openapi_document_declares(client):
     for model, reply in answers:
         model.model_validate(reply.json(), strict=False)
     assert [reply.status_code for _, reply in answers][-2:] == [404, 400]
+
+
+@pytest.mark.parametrize("binary_input", [True, False])
+def test_what_tritonclient_sends_fits_the_request_the_document_declares(binary_input):
+    """V2's request is read by hand (its texts may follow as binary data), so the
+    document's model of it is checked against what the protocol's own client sends."""
+    body, headers = triton_request(["a", "b"], binary_input, outputs=[("label", True)])
+    length = int(headers.get(HEADER, len(body)))
+    request = schemas.V2InferRequest.model_validate_json(body[:length])
+    assert request.inputs[0].name == "text" and request.inputs[0].shape == [2]
+    assert (request.inputs[0].data is None) == binary_input
