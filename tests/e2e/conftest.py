@@ -247,6 +247,7 @@ class Load:
     send: Callable[[], httpx.Response]
     interval_s: float = 0.02
     answers: list[tuple[float, float, int, bool]] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)  # the first of each kind, for reports
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
@@ -256,8 +257,9 @@ class Load:
                 response = self.send()
                 status = response.status_code
                 is_json = response.headers.get("content-type") == "application/json"
-            except httpx.HTTPError:
+            except httpx.HTTPError as error:
                 status, is_json = 0, False  # refused, reset or timed out
+                self.failures.setdefault(type(error).__name__, str(error)[:200])
             self.answers.append((sent, time.monotonic() - sent, status, is_json))
             time.sleep(self.interval_s)
 
