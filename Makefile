@@ -38,12 +38,12 @@ bench-peers: install
 # What the tests need of the machine beyond Python, checked before they run: installed with
 # apt when missing and we are root, and an install that fails stops make (the tests needing
 # it would fail later, further from the cause). What this machine lacks and cannot install
-# (not root, no apt, no package) stops make too, unless INFERGATE_TEST_WITHOUT names it
+# (not root, no apt, no package) stops make too, unless TESTS_WITHOUT names it
 # (comma-separated): then the tests that need it skip, saying why (tests/machine.py).
 #   $(call need,CAPABILITY,CHECK,APT PACKAGES,WHAT)
 comma := ,
-EXCUSED = $(subst $(comma), ,$(INFERGATE_TEST_WITHOUT)) $(OPTIONAL)
-export INFERGATE_TEST_WITHOUT
+EXCUSED = $(subst $(comma), ,$(TESTS_WITHOUT)) $(OPTIONAL)
+export TESTS_WITHOUT
 
 define need
 	@if $(2); then :; \
@@ -53,7 +53,7 @@ define need
 	    && { $(2); }; } || { echo "error: apt could not install $(3) ($(4))" >&2; exit 1; }; \
 	elif [ -n "$(filter $(1),$(EXCUSED))" ]; then echo "$(4): missing; going on without it"; \
 	else echo "error: $(4): missing, and apt cannot install it here (not root, or no package);" \
-	  "provide it, or set INFERGATE_TEST_WITHOUT=$(1) on a machine that cannot" >&2; exit 1; fi
+	  "provide it, or set TESTS_WITHOUT=$(1) on a machine that cannot" >&2; exit 1; fi
 endef
 
 # Prometheus and promtool: the monitoring tests start them. `make run` serves without them

@@ -1,5 +1,5 @@
 """Hooks for every test: what a test needs of the machine fails it where missing, unless
-INFERGATE_TEST_WITHOUT excuses the machine (tests/machine.py)."""
+TESTS_WITHOUT excuses the machine (tests/machine.py)."""
 
 from __future__ import annotations
 

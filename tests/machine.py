@@ -4,7 +4,7 @@ A test declares it with ``@pytest.mark.machine(capability, missing)``, ``missing
 what is absent here (None when nothing is). Where something is missing the test fails,
 not skips: `make test` installs what these tests need where it can, so a multi-machine, fault or
 monitoring test that silently skipped would be a test nobody ran. A machine that cannot
-run them says so explicitly: INFERGATE_TEST_WITHOUT names the capabilities it lacks
+run them says so explicitly: TESTS_WITHOUT names the capabilities it lacks
 (comma-separated), and those tests skip with the reason.
 """
 
@@ -16,7 +16,7 @@ from typing import NoReturn
 
 import pytest
 
-WITHOUT = "INFERGATE_TEST_WITHOUT"
+WITHOUT = "TESTS_WITHOUT"
 # Each capability, with how a machine gets it.
 CAPABILITIES = {
     "prometheus": "`make test` installs it as root",
@@ -29,12 +29,12 @@ CAPABILITIES = {
 
 
 def excused(environ: Mapping[str, str] = os.environ) -> set[str]:
-    """The capabilities INFERGATE_TEST_WITHOUT says this machine lacks."""
+    """The capabilities TESTS_WITHOUT says this machine lacks."""
     return {name.strip() for name in environ.get(WITHOUT, "").split(",") if name.strip()}
 
 
 def unknown(environ: Mapping[str, str] = os.environ) -> list[str]:
-    """Names in INFERGATE_TEST_WITHOUT that are no capability: a typo there excuses
+    """Names in TESTS_WITHOUT that are no capability: a typo there excuses
     nothing, and the run should say so before any test fails for it."""
     return sorted(excused(environ) - set(CAPABILITIES))
 

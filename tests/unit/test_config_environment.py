@@ -1,9 +1,12 @@
 """What an INFERGATE_* variable's text means: read as its setting's type by pydantic, as
 YAML only for a mapping, a list or null."""
 
+import re
+
 import pytest
 
-from infergate.config import DEFAULT_CONFIG_FILE, load_config
+from infergate.config import DEFAULT_CONFIG_FILE, PROJECT_ROOT, load_config
+from infergate.errors import InvalidConfig
 
 
 @pytest.mark.parametrize("token", ["12345", "007", "@dm1n", "yes", "1e3", "`x`", "[x"])
@@ -29,3 +32,17 @@ def test_a_mapping_sets_a_section_and_null_unsets_a_setting():
     })  # fmt: skip
     assert (config.serve.autoscaling.min_replicas, config.serve.autoscaling.max_replicas) == (2, 3)
     assert config.serve.ray_num_cpus is None
+
+
+def test_what_make_and_ci_export_is_a_setting_or_outside_the_prefix():
+    """Every INFERGATE_* variable reaches the settings, so one the Makefile or CI exports
+    for another purpose would stop every `infergate` command the tests start."""
+    exported = set()
+    for path in (PROJECT_ROOT / "Makefile", PROJECT_ROOT / ".ci" / "run"):
+        exported |= set(re.findall(r"\bexport\s+(INFERGATE_\w+)", path.read_text()))
+        exported |= set(re.findall(r"^\s*(INFERGATE_\w+)\s*[:?]?=", path.read_text(), re.M))
+    for name in sorted(exported - {"INFERGATE_CONFIG"}):
+        try:
+            load_config(DEFAULT_CONFIG_FILE, environ={name: "1"})
+        except InvalidConfig as error:
+            assert "is not a setting" not in str(error), error

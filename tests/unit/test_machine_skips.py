@@ -1,5 +1,5 @@
 """A test whose machine precondition is missing fails, saying what to do, unless
-INFERGATE_TEST_WITHOUT excuses the machine (tests/machine.py, tests/conftest.py): checked
+TESTS_WITHOUT excuses the machine (tests/machine.py, tests/conftest.py): checked
 on small test files run by pytest itself with the hooks of tests/conftest.py."""
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ def test_a_missing_precondition_fails_with_one_line_saying_what_to_do(suite):
         [
             "*ERROR at setup of test_marked*",
             "this machine should run it: no promtool; `make test` installs it as root; "
-            "set INFERGATE_TEST_WITHOUT=prometheus on a machine that cannot",
+            "set TESTS_WITHOUT=prometheus on a machine that cannot",
             "*ERROR at setup of test_from_a_fixture*",
-            "this machine should run it: no rampart; * INFERGATE_TEST_WITHOUT=rampart *",
+            "this machine should run it: no rampart; * TESTS_WITHOUT=rampart *",
             "*short test summary info*",
         ]
     )
@@ -64,7 +64,7 @@ def test_the_setting_turns_the_failure_into_a_skip_for_what_it_names(suite, monk
     result.assert_outcomes(passed=1, skipped=1, errors=1)
     result.stdout.fnmatch_lines(
         [
-            "SKIPPED *this machine cannot run it (INFERGATE_TEST_WITHOUT=prometheus): no promtool",
+            "SKIPPED *this machine cannot run it (TESTS_WITHOUT=prometheus): no promtool",
             "ERROR *::test_from_a_fixture",
         ]
     )
@@ -74,7 +74,7 @@ def test_a_name_that_is_no_capability_stops_the_run(suite, monkeypatch):
     monkeypatch.setenv(machine.WITHOUT, "prometheus,promtool")
     result = suite.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*INFERGATE_TEST_WITHOUT names no capability promtool; known: *"])
+    result.stderr.fnmatch_lines(["*TESTS_WITHOUT names no capability promtool; known: *"])
 
 
 def test_the_setting_is_a_comma_separated_list():

@@ -1,6 +1,7 @@
 {{/*
 The Ray Serve config of the front-end (RayService serveConfigV2). The application is built
-by infergate.serve_app:build_app from `args` (FrontendSettings of platform/infergate/config.py).
+by infergate.serve_app:build_app from `args` (FrontendSettings of
+platform/infergate/config/__init__.py).
 The replicas learn what to serve from the ControlState actor that the control plane (a Ray
 client of this cluster) publishes to, so a Ray cluster that KubeRay brings up afresh serves
 the current versions once the control plane reconnects, without anyone re-deploying it.
