@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,24 @@ _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True)
+class Shadow:
+    """A canary in its shadow stage: the share of its champion's requests mirrored to it
+    (its answers reach no client), and when one of its answers counts as slower than the
+    champion's to the same request: more than ``latency_ratio`` times, and by more than
+    ``latency_margin_ms``."""
+
+    share: float
+    latency_ratio: float = 1.5
+    latency_margin_ms: float = 5.0
+
+    def slower(self, canary_s: float, champion_s: float) -> bool:
+        return (
+            canary_s > champion_s * self.latency_ratio
+            and (canary_s - champion_s) * 1e3 > self.latency_margin_ms
+        )
+
+
+@dataclass(frozen=True)
 class ServedVersion:
     """One model version the platform serves, with its place in the traffic split."""
 
@@ -52,6 +70,7 @@ class ServedVersion:
     # Registered again from other files and being reloaded under its Triton name: replicas
     # drop what they loaded of it and route nothing to it until a table without the mark.
     reloading: bool = False
+    shadow: Shadow | None = None  # a canary in shadow: weight 0, mirrored requests
 
     @property
     def triton_model(self) -> str:
@@ -69,7 +88,14 @@ class ServedVersion:
         # Only when set: replicas of a release before the mark read every other table.
         if self.reloading:
             entry["reloading"] = True
+        if self.shadow is not None:
+            entry["shadow"] = asdict(self.shadow)
         return entry
+
+    @classmethod
+    def from_dict(cls, entry: dict[str, Any]) -> ServedVersion:
+        shadow = entry.get("shadow")
+        return cls(**{**entry, "shadow": Shadow(**shadow) if shadow else None})
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -28,6 +29,7 @@ from infergate.registry import Registry
 from infergate.stack.processes import free_ports
 from infergate.triton.client import TritonControl
 from infergate.triton.server import prepare_backends, server_command, server_environment
+from infergate.versions import SPEC_FILE
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
@@ -220,9 +222,11 @@ def clone_version(
     *,
     corrupt: bool = False,
     broken_tokenizer: bool = False,
+    swap_labels: bool = False,
 ) -> str:
     """A new version of ``name`` made of ``version``'s files; optionally a broken ONNX
-    (Triton cannot load it) or tokenizer (the front-end replicas cannot)."""
+    (Triton cannot load it) or tokenizer (the front-end replicas cannot), or its labels
+    in reverse order (it loads and answers fine, every answer of two classes flipped)."""
     import mlflow
 
     source = registry.version_source(name, version)
@@ -235,6 +239,10 @@ def clone_version(
         (files / "model.onnx").write_bytes(b"this is not an ONNX graph")
     if broken_tokenizer:
         (files / "tokenizer" / "tokenizer.json").write_text("this is not a tokenizer")
+    if swap_labels:
+        spec = json.loads((files / SPEC_FILE).read_text())
+        spec["labels"] = spec["labels"][::-1]
+        (files / SPEC_FILE).write_text(json.dumps(spec))
     task = registry.model(name).task
     return registry.register(name, task, files, metrics={}, params={}, tags={"test": "yes"})
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -29,13 +32,10 @@ def registry(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Registry
     return Registry(stack.mlflow)
 
 
-def new_version(
-    registry: Registry, tmp_path: Path, *, corrupt: bool = False, broken_tokenizer: bool = False
-) -> str:
-    """Another version of ``rollout`` from version 1's files; optionally broken."""
-    return clone_version(
-        registry, MODEL, "1", tmp_path, corrupt=corrupt, broken_tokenizer=broken_tokenizer
-    )
+def new_version(registry: Registry, tmp_path: Path, **broken: bool) -> str:
+    """Another version of ``rollout`` from version 1's files; optionally broken
+    (``clone_version``'s keywords)."""
+    return clone_version(registry, MODEL, "1", tmp_path, **broken)
 
 
 def served_versions(http: httpx.Client) -> dict[str, dict]:
@@ -76,7 +76,9 @@ def test_alias_set_in_mlflow_goes_live_through_the_webhook(stack, http, registry
     fields = (f"'name': '{MODEL}'", "'alias': 'canary'", f"'version': '{version}'")
     accepted = [line for line in log if "webhook model_version_alias.created" in line]
     assert live and any(all(f in line for f in fields) for line in accepted)
-    assert served_versions(http)[version] == {"version": version, "role": "canary", "weight": 10}
+    # An automatic rollout begins in shadow: served, mirrored, answering no client.
+    shadow = {"version": version, "role": "canary", "weight": 0, "shadow": 0.25}
+    assert served_versions(http)[version] == shadow
     out = admin(stack, "rollback", MODEL, "--reason", "end of test")
     assert "rolled back: end of test" in out
     wait_for(lambda: version not in served_versions(http), 10, "canary removed")
@@ -258,3 +260,52 @@ def test_a_restart_resumes_the_rollout(stack, http, registry, tmp_path):
         assert "canary    40%" in status and "mode manual" in status
     finally:
         end_rollout(stack)
+
+
+def test_a_canary_that_answers_wrongly_is_rolled_back_in_shadow_before_any_client_sees_it(
+    stack, http, registry, tmp_path
+):
+    """Its labels in reverse order: it loads and answers fine, every answer flipped. Set as
+    the canary with a plain MLflow client under steady load, it is rolled back while in
+    shadow; every client's answer came from the champion."""
+    version = new_version(registry, tmp_path, swap_labels=True)
+    answers: list[tuple[int, str | None]] = []
+    done = threading.Event()
+
+    def clients() -> None:
+        with httpx.Client(base_url=stack.url, timeout=30) as client:
+            for i in itertools.count():
+                if done.is_set():
+                    return
+                body = {"inputs": [f"review {i}: a good film", "a dull one"]}
+                response = client.post(f"/v1/models/{MODEL}/predict", json=body)
+                answers.append((response.status_code, response.headers.get("x-model-version")))
+                time.sleep(0.01)
+
+    threads = [threading.Thread(target=clients) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        set_at = time.monotonic()
+        MlflowClient(stack.mlflow).set_registered_model_alias(MODEL, "canary", version)
+        wait_for(lambda: "canary" not in aliases(stack), 30, "rollback in shadow", interval_s=0.1)
+        seconds = time.monotonic() - set_at
+        time.sleep(1.0)  # answers after the rollback count too
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    reason = (
+        MlflowClient(stack.mlflow)
+        .get_model_version(MODEL, version)
+        .tags["infergate.rollback_reason"]
+    )
+    print(f"\nswapped-labels canary: rolled back {seconds:.1f} s after its alias was set, "
+          f"{len(answers)} client answers, from versions {Counter(v for _, v in answers)}; "
+          f"{reason}")  # fmt: skip
+    assert reason.startswith("in shadow: agrees with the champion on 0% of texts"), reason
+    assert {status for status, _ in answers} == {200}
+    assert version not in {served for _, served in answers}  # no answer of its reached a client
+    assert len(answers) > 50
+    assert seconds < 15, seconds  # 10 s is the goal; the load into Triton is part of it

@@ -256,8 +256,9 @@ def test_a_soak_at_half_capacity_with_a_canary_rolling_through(stack, report, tm
     started = time.monotonic()
     with Steady(stack, clients=clients, interval_s=clients / rate) as steady:
         time.sleep(SOAK_S / 10)
+        # The weighted steps from the start: the soak's figures are of those.
         started_canary = stack.cli("canary", "start", MODEL, "--version", version, "--auto",
-                                   "--admin-url", stack.admin)  # fmt: skip
+                                   "--no-shadow", "--admin-url", stack.admin)  # fmt: skip
         assert started_canary.returncode == 0, started_canary.stderr
         time.sleep(max(0.0, started + SOAK_S - time.monotonic()))
     after = rss_mb(stack)
@@ -400,7 +401,7 @@ def test_a_full_artifact_cache_holds_a_canary_back_until_there_is_room(stack, re
             stack.register(folder, MODEL, "text-classification")
             version.append(_newest_version(stack))
             started = stack.cli("canary", "start", MODEL, "--version", version[0], "--auto",
-                                "--admin-url", stack.admin)  # fmt: skip
+                                "--no-shadow", "--admin-url", stack.admin)  # fmt: skip
             assert started.returncode == 0, started.stderr
 
         figures = under_fault(stack, "artifact cache disk full, canary started", canary_while_full)

@@ -284,7 +284,7 @@ def test_a_control_plane_restarted_mid_rollout_goes_on_with_it(stack):
         return answer
 
     with httpx.Client(base_url=stack.url, timeout=30) as http, Load(lambda: send(http)) as load:
-        started = stack.cli("canary", "start", MODEL, "--version", canary, "--auto",
+        started = stack.cli("canary", "start", MODEL, "--version", canary, "--auto", "--no-shadow",
                             "--admin-url", stack.admin)  # fmt: skip
         assert started.returncode == 0, started.stderr
         wait_for(lambda: _weights(http).get(canary) == 50, 60, "the rollout's first step")

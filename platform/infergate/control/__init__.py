@@ -4,6 +4,7 @@
 - ``reconcile``: converges Triton and the front-end's traffic table on the registry.
 - ``rollouts``: canary rollouts against the registry's aliases and tags.
 - ``policy``: the rollout policy, its state machine and the canary analysis (pure).
+- ``shadow``: the shadow stage's sequential tests on mirrored pairs (pure).
 - ``state``: the Ray actor that carries traffic tables to the replicas and their
   counters back.
 - ``admin``: the admin API (canary commands, the MLflow webhook); ``webhooks`` registers

@@ -198,15 +198,17 @@ class AdminApi:
         return self.rollouts.status(request.path_params["name"]).to_dict()
 
     def start(self, request: Request, body: bytes) -> dict[str, Any]:
-        data = _fields(body, {"version": (str, int), "weight": int, "mode": str})
+        fields = {"version": (str, int), "weight": int, "mode": str, "shadow": bool}
+        data = _fields(body, fields)
         if "version" not in data:
             raise InvalidInput("field 'version' is required")
         mode = data.get("mode", "auto")
         if mode not in ("auto", "manual"):
             raise InvalidInput(f"mode must be 'auto' or 'manual', got {mode!r}")
         status = self.rollouts.start(
-            request.path_params["name"], str(data["version"]), weight=data.get("weight"), mode=mode
-        )
+            request.path_params["name"], str(data["version"]), weight=data.get("weight"),
+            mode=mode, shadow=data.get("shadow", True),
+        )  # fmt: skip
         self.reconcile()
         return status.to_dict()
 

@@ -50,6 +50,8 @@ def _print_status(status: dict[str, Any]) -> None:
         steps = ", ".join(str(s) for s in status["steps"])
         if status["mode"] == "manual":
             step = "manual"
+        elif status.get("shadow"):
+            step = "shadow"
         elif status["step"] == -1:  # automatic, started at a weight of its own
             step = f"start weight {status['weight']}%"
         else:
@@ -62,13 +64,15 @@ def _print_status(status: dict[str, Any]) -> None:
     if status["canary"] and figures:
         print("  analysis of the current step:")
         for key, value in sorted(figures.items()):
-            print(f"    {key:<20} {value:.4g}")
+            print(f"    {key:<22} {value:.4g}")
 
 
 def cmd_start(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"version": args.version, "mode": "manual" if args.manual else "auto"}
     if args.weight is not None:
         body["weight"] = args.weight
+    if args.no_shadow:
+        body["shadow"] = False
     _print_status(_call(args, "POST", f"/admin/models/{args.name}/canary", body))
     return 0
 
@@ -109,6 +113,10 @@ def add_commands(subparsers: Any, common: argparse.ArgumentParser) -> None:
     mode = start.add_mutually_exclusive_group()
     mode.add_argument("--auto", action="store_true", help="analyse, advance, promote (default)")
     mode.add_argument("--manual", action="store_true", help="hold at the weight given")
+    start.add_argument(
+        "--no-shadow", action="store_true",
+        help="automatic: begin at the first weighted step, without the shadow stage",
+    )  # fmt: skip
     start.set_defaults(func=cmd_start)
 
     status = commands.add_parser("status", parents=[admin], help="versions, weights, analysis")

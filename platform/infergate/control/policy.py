@@ -4,12 +4,14 @@ Pure: no Ray, Triton or MLflow. Time comes in as an argument, so the state machi
 tested with a fake clock. The state is small and string-serialisable because it lives
 as tags on the registered model: a restart resumes a rollout where it was.
 
-    start --> step 0 (weight steps[0]) --> ... --> last step --> promote
-                 |                                    |
-                 +----------- rollback <--------------+   (first failed check)
+    start --> shadow --> step 0 (weight steps[0]) --> ... --> last step --> promote
+                |             |                                  |
+                +-------------+------------ rollback <-----------+   (first failed check)
 
-An automatic rollout started at a weight of its own goes on from the first step above
-that weight; a manual one holds wherever it is put.
+An automatic rollout begins in shadow (``infergate.control.shadow``): weight 0, a share
+of the champion's requests mirrored to it and compared. One started at a weight of its
+own, or with the shadow turned off, goes on from the first step above that weight; a
+manual one holds wherever it is put.
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ class RolloutPolicy:
     # A canary p95 at most this much above the champion's is never a failure: with a few
     # dozen requests a side, a p95 of milliseconds swings past any ratio by chance.
     latency_margin_ms: float = 5.0
+    # The shadow stage (infergate.control.shadow): the share of the champion's requests
+    # mirrored to the canary (0: no shadow stage); texts compared before it may pass; the
+    # share of texts it must agree on (0: the task's own floor, Task.shadow_agreement) and
+    # how much less makes a bad one; both sequential tests' error rates.
+    shadow_share: float = 0.25
+    min_pairs: int = 30
+    min_agreement: float = 0.0
+    agreement_margin: float = 0.25
+    false_rollback: float = 0.01
 
     @classmethod
     def from_tags(cls, tags: Mapping[str, str]) -> RolloutPolicy:
@@ -70,6 +81,13 @@ class RolloutPolicy:
             raise ValueError(f"rollout steps must be within 1..100, got {self.steps}")
         if list(self.steps) != sorted(self.steps):
             raise ValueError(f"rollout steps must increase, got {self.steps}")
+        for name in ("shadow_share", "min_agreement"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be within 0..1, got {getattr(self, name)}")
+        if not 0 < self.false_rollback < 0.5:
+            raise ValueError(f"false_rollback must be within 0..0.5, got {self.false_rollback}")
+        if not 0 < self.agreement_margin < 1:
+            raise ValueError(f"agreement_margin must be within 0..1, got {self.agreement_margin}")
 
 
 @dataclass(frozen=True)
@@ -90,6 +108,7 @@ class RolloutState:
     step_started_at: float  # wall-clock seconds
     last_decision: str = ""
     last_reason: str = ""
+    shadow: bool = False  # weight 0, mirrored requests compared (infergate.control.shadow)
 
     def to_tags(self) -> dict[str, str]:
         return {TAG_PREFIX + k: str(v) for k, v in asdict(self).items()}
@@ -107,12 +126,17 @@ class RolloutState:
             step_started_at=float(values.get("step_started_at", 0.0)),
             last_decision=values.get("last_decision", ""),
             last_reason=values.get("last_reason", ""),
+            shadow=values.get("shadow") == "True",
         )
 
 
 def start(version: str, policy: RolloutPolicy, now: float, *, mode: Mode = "auto",
-          weight: int | None = None) -> RolloutState:  # fmt: skip
-    """A new rollout at the first step, or at ``weight`` when one is given."""
+          weight: int | None = None, shadow: bool = True) -> RolloutState:  # fmt: skip
+    """A new rollout: at ``weight`` when one is given; else an automatic one in shadow
+    (unless ``shadow`` is False or the policy mirrors nothing), or at the first step."""
+    if weight is None and mode == "auto" and shadow and policy.shadow_share > 0:
+        why = f"shadow: {policy.shadow_share:.0%} of the champion's requests mirrored"
+        return RolloutState(version, mode, 0, -1, now, "start", why, shadow=True)
     if weight is not None:
         check_weight(weight)
         if mode == "auto" and weight == 0:
@@ -279,5 +303,6 @@ def apply(
             step_started_at=now,
             last_decision="advance",
             last_reason=decision.reason,
+            shadow=False,
         )
     return replace(state, last_decision=decision.action, last_reason=decision.reason)

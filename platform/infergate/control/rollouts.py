@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from infergate import tasks
 from infergate.control.policy import (
     TAG_PREFIX,
     Decision,
@@ -26,11 +27,12 @@ from infergate.control.policy import (
     check_weight,
     start,
 )
+from infergate.control.shadow import analyse_shadow
 from infergate.control.windows import StepWindows
 from infergate.errors import InvalidInput, RolloutConflict
 from infergate.observe.counters import VersionCounters
 from infergate.registry import RegisteredModel, Registry
-from infergate.versions import CANARY, CHAMPION, ServedVersion
+from infergate.versions import CANARY, CHAMPION, ServedVersion, Shadow
 
 log = logging.getLogger(__name__)
 AUTO_CANARY_TAG = "infergate.auto_canary"
@@ -71,6 +73,7 @@ class Status:
             "mode": state.mode if state else None,
             "weight": state.weight if state else 0,
             "step": state.step if state else None,
+            "shadow": state.shadow if state else False,
             "steps": list(self.policy.steps),
             "last_decision": decision,
             "last_reason": reason,
@@ -117,7 +120,14 @@ class Rollouts:
             if champion is not None:
                 served.append(self._served(model, champion, CHAMPION, 100 - canary_weight))
             if state is not None:
-                served.append(self._served(model, state.canary_version, CANARY, canary_weight))
+                canary = self._served(model, state.canary_version, CANARY, canary_weight)
+                if state.shadow:
+                    policy = self._policy(model)
+                    shadow = Shadow(
+                        policy.shadow_share, policy.max_latency_ratio, policy.latency_margin_ms
+                    )
+                    canary = replace(canary, shadow=shadow)
+                served.append(canary)
         return served
 
     def _served(
@@ -167,9 +177,17 @@ class Rollouts:
     # -- commands -----------------------------------------------------------------------
 
     def start(
-        self, name: str, version: str, *, weight: int | None, mode: Mode, strict: bool = True
+        self,
+        name: str,
+        version: str,
+        *,
+        weight: int | None,
+        mode: Mode,
+        strict: bool = True,
+        shadow: bool = True,
     ) -> Status:
-        """Make ``version`` the canary. ``strict``: refuse a policy tag that cannot be
+        """Make ``version`` the canary; an automatic rollout without a weight begins in
+        shadow unless ``shadow`` is False. ``strict``: refuse a policy tag that cannot be
         read (a user's command) rather than fall back to the defaults (a webhook's)."""
         model = self.registry.model(name)
         task = self.registry.version_task(name, version)  # raises for an unknown version
@@ -187,7 +205,7 @@ class Rollouts:
             raise RolloutConflict(f"version {version} is already the champion of {name!r}")
         try:
             policy = RolloutPolicy.from_tags(model.tags) if strict else self._policy(model)
-            state = start(version, policy, self.clock(), mode=mode, weight=weight)
+            state = start(version, policy, self.clock(), mode=mode, weight=weight, shadow=shadow)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         self.registry.set_model_tags(name, state.to_tags())
@@ -283,7 +301,11 @@ class Rollouts:
             )
             if earlier:
                 stable = kept
-            decision = analyse(policy, state, canary.window(), stable, self.clock())
+            if state.shadow:
+                floor = tasks.get(model.task).shadow_agreement
+                decision = analyse_shadow(policy, canary.shadow, floor, stable.error_rate)
+            else:
+                decision = analyse(policy, state, canary.window(), stable, self.clock())
             if earlier and decision.action != "promote":  # said of comparisons only
                 decision = replace(
                     decision, reason=f"{decision.reason} (champion: an earlier step's figures)"

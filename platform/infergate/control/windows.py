@@ -47,9 +47,10 @@ class StepWindows:
             for key, now in counters.items():
                 before = seen.get(key)
                 # None: new since; fewer: the replicas started afresh, all they hold is new
-                gained = (
-                    now if before is None or now.requests < before.requests else now.minus(before)
+                restarted = before is not None and (
+                    now.requests < before.requests or now.shadow.requests < before.shadow.requests
                 )
+                gained = now if before is None or restarted else now.minus(before)
                 window[key] = window[key].merged(gained) if key in window else gained
         self._seen[step] = dict(counters)
         return window

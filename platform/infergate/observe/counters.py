@@ -11,6 +11,44 @@ import numpy as np
 from infergate.observe.metrics import LATENCY_BUCKETS_S, NORM_BUCKETS
 
 
+@dataclass
+class ShadowCounters:
+    """What a canary in its shadow stage did with the champion's mirrored requests: its
+    answers compared, text by text, with the champion's to the same texts."""
+
+    requests: int = 0  # mirrored requests the canary answered or failed
+    errors: int = 0  # ... failed (5xx): each of their texts counts as a disagreement
+    texts: int = 0  # texts compared (or failed)
+    disagreement: float = 0.0  # summed over texts, each 0 (agrees) to 1
+    slower: int = 0  # requests it answered slower than the champion (``versions.Shadow``)
+    dropped: int = 0  # mirrors not sent: the replica had too many under way
+    largest_change: float = 0.0  # the task's figure (``tasks.Paired.change``), the largest
+
+    @property
+    def agreement(self) -> float:
+        return 1.0 - self.disagreement / self.texts if self.texts else 1.0
+
+    def combined(self, other: ShadowCounters, sign: int) -> ShadowCounters:
+        """Sum (``sign`` 1) or difference (-1); the largest change is a maximum either way
+        (a version's counters start with it, so a difference keeps the whole run's)."""
+        return ShadowCounters(
+            self.requests + sign * other.requests,
+            self.errors + sign * other.errors,
+            self.texts + sign * other.texts,
+            self.disagreement + sign * other.disagreement,
+            self.slower + sign * other.slower,
+            self.dropped + sign * other.dropped,
+            max(self.largest_change, other.largest_change),
+        )
+
+    def to_dict(self) -> dict[str, float]:
+        return dict(vars(self))
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> ShadowCounters:
+        return cls(**data) if data else cls()
+
+
 @dataclass(frozen=True)
 class VersionWindow:
     """What the front-end saw of one version since the current step began."""
@@ -21,6 +59,7 @@ class VersionWindow:
     output_shares: tuple[float, ...] = ()  # predicted classes, or binned embedding norms
     latency_counts: tuple[int, ...] = ()  # requests per latency bucket (metrics' buckets)
     classes: tuple[str, ...] = ()  # the classes of ``output_shares``; none for embeddings
+    shadow: ShadowCounters = field(default_factory=ShadowCounters)
 
     @property
     def error_rate(self) -> float:
@@ -37,6 +76,7 @@ class VersionCounters:
     # one request in the canary comparison, not as 64.
     outputs: list[float] = field(default_factory=list)
     classes: tuple[str, ...] = ()  # what ``outputs`` counts, for a classifier
+    shadow: ShadowCounters = field(default_factory=ShadowCounters)
 
     def add(self, status: int, seconds: float, raw: np.ndarray | None, labels: list[str]) -> None:
         """One request: class shares of ``raw`` probabilities when ``labels`` name its
@@ -89,6 +129,7 @@ class VersionCounters:
             [a + sign * b for a, b in zip(self.latency, other.latency, strict=True)],
             [a + sign * b for a, b in zip(outputs, theirs, strict=True)],
             self.classes or other.classes,
+            self.shadow.combined(other.shadow, sign),
         )
 
     def p95_ms(self) -> float:
@@ -112,18 +153,20 @@ class VersionCounters:
         total = sum(self.outputs)
         shares = tuple(c / total for c in self.outputs) if total else ()
         return VersionWindow(
-            self.requests, self.errors, self.p95_ms(), shares, tuple(self.latency), self.classes
-        )
+            self.requests, self.errors, self.p95_ms(), shares, tuple(self.latency), self.classes,
+            self.shadow,
+        )  # fmt: skip
 
     def to_dict(self) -> dict:
         return {"requests": self.requests, "errors": self.errors, "latency": self.latency,
-                "outputs": self.outputs, "classes": list(self.classes)}  # fmt: skip
+                "outputs": self.outputs, "classes": list(self.classes),
+                "shadow": self.shadow.to_dict()}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict) -> VersionCounters:
         return cls(
             data["requests"], data["errors"], list(data["latency"]), list(data["outputs"]),
-            tuple(data.get("classes", ())),
+            tuple(data.get("classes", ())), ShadowCounters.from_dict(data.get("shadow")),
         )  # fmt: skip
 
 

@@ -44,8 +44,7 @@ class Monitors:
     ) -> None:
         """One request answered (or failed) by ``runtime``'s version."""
         served = runtime.served
-        key = f"{served.name}/{served.version}"
-        counters = self.counters.setdefault(key, VersionCounters())
+        counters = self.version_counters(runtime)
         figures = None
         if prediction is None:
             counters.count(status, seconds, None)
@@ -69,6 +68,11 @@ class Monitors:
         if now - self._published_at >= self.publish_interval_s:
             self._published_at = now
             self.publish()
+
+    def version_counters(self, runtime: ModelRuntime) -> VersionCounters:
+        """The counters of ``runtime``'s version, which the control plane reads."""
+        key = f"{runtime.served.name}/{runtime.served.version}"
+        return self.counters.setdefault(key, VersionCounters())
 
     def publish(self) -> None:
         for (model, version), window in self.windows.items():

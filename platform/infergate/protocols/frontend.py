@@ -39,6 +39,7 @@ from infergate.protocols.wire import (
 from infergate.serving.access import OPEN, Access, Caller
 from infergate.serving.batching import Backend
 from infergate.serving.inference import InferencePath, Probe
+from infergate.serving.mirror import Mirror
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import ModelRuntime, Prediction
 
@@ -59,15 +60,17 @@ class Frontend:
         missing: tuple[str, ...] = (),
         access: Access | None = None,
         uploads: SlowUploads | None = None,
+        mirror: Mirror | None = None,
     ) -> None:
         """The models and the rest of the inference path are
         :class:`~infergate.serving.inference.InferencePath`'s (see there).
-        ``uploads`` (slow bodies) outlive a table, so the replica keeps them."""
+        ``uploads`` (slow bodies) and ``mirror`` (shadow traffic under way) outlive a
+        table, so the replica keeps them."""
         self.settings = settings
         self.path = InferencePath(
             backend, models, access=access, telemetry=telemetry, monitors=monitors,
             readiness_probe=readiness_probe, has_table=has_table, loading=loading,
-            missing=missing,
+            missing=missing, mirror=mirror,
         )  # fmt: skip
         self.models = self.path.models
         self.monitors = self.path.monitors

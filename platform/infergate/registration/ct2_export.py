@@ -8,7 +8,7 @@ converted vocabulary keeps the tokenizer's ids (Triton's model maps ids to token
 it), then translates the reference texts both ways, greedily: CTranslate2 at the
 precision a CPU serves it, and transformers' ``generate`` on the original weights. The
 figures are the exact-match rate of the detokenized outputs and their corpus chrF
-(``infergate.registration.chrf``); chrF under ``MIN_CHRF[precision]`` fails the registration.
+(``infergate.observe.chrf``); chrF under ``MIN_CHRF[precision]`` fails the registration.
 
 ``generate`` runs with the model's generation config except what the comparison needs
 equal: greedy search, ``DEFAULT_MAX_DECODING_LENGTH`` new tokens, and no end token forced
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from infergate.errors import RegistrationError
-from infergate.registration.chrf import chrf, exact_match_rate
+from infergate.observe.chrf import chrf, exact_match_rate
 from infergate.registration.hf_folder import (
     first_line,
     load_config,

@@ -30,6 +30,7 @@ from infergate.observe.monitor import Monitors
 from infergate.observe.telemetry import NullTelemetry, Telemetry
 from infergate.serving.access import Access, Caller
 from infergate.serving.batching import Backend
+from infergate.serving.mirror import Mirror
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import ModelRuntime, Prediction
 
@@ -94,6 +95,7 @@ class InferencePath:
         access: Access | None = None,
         telemetry: Telemetry | None = None,
         monitors: Monitors | None = None,
+        mirror: Mirror | None = None,
         readiness_probe: Probe | None = None,
         has_table: bool = True,
         loading: frozenset[str] = frozenset(),
@@ -104,6 +106,7 @@ class InferencePath:
         self.access = access or Access(None)
         self.telemetry = telemetry or NullTelemetry()
         self.monitors = monitors or Monitors(self.telemetry)
+        self.mirror = mirror or Mirror(lambda runtime: self.monitors.version_counters(runtime))
         self.has_table = has_table
         self.loading = loading
         self.missing = missing
@@ -165,12 +168,15 @@ class InferencePath:
         check: Callable[[ModelRuntime], None] | None = None,
     ) -> Prediction:
         """Admit the caller, pick the version (``pinned``, else by the traffic split and
-        ``routing_key``), let ``check`` refuse it, and run it."""
+        ``routing_key``), let ``check`` refuse it, and run it. A champion's answer may be
+        mirrored to a canary in shadow (``Mirror``), which the caller never waits for."""
         self.access.admit(call.caller, len(texts))
         call.runtime = model.pick(routing_key, pinned)
         if check is not None:
             check(call.runtime)
         call.prediction = await call.runtime.predict(texts, parameters, self.backend)
+        if pinned is None:
+            self.mirror.offer(model, call.prediction, call.runtime, texts, parameters, self.backend)
         return call.prediction
 
     def record(self, call: Call, status: int) -> None:

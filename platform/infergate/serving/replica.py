@@ -33,6 +33,7 @@ from infergate.protocols.frontend import Frontend
 from infergate.serving.access import Access
 from infergate.serving.batching import Backend, BatchingBackend
 from infergate.serving.loader import load_version
+from infergate.serving.mirror import Mirror
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import Counted, ModelRuntime, drain
 from infergate.versions import (
@@ -77,6 +78,7 @@ class Replica:
     ) -> None:
         self.telemetry = telemetry
         self.monitors = Monitors(telemetry)
+        self.mirror = Mirror(self.monitors.version_counters)  # shadow traffic, across tables
         self._connect = connect
         self._load_version = load
         self._clock = clock
@@ -143,7 +145,7 @@ class Replica:
         """Route by the control plane's table ``table_version``; return once it counts as
         adopted (the requests that could still reach a version it left are done)."""
         assert self.settings is not None
-        served = [ServedVersion(**entry) for entry in entries]
+        served = [ServedVersion.from_dict(entry) for entry in entries]
         keep = {(v.name, v.version) for v in served if not v.reloading}
         leaving = [runtime for key, runtime in self.loaded.items() if key not in keep]
         previous = self.frontend
@@ -226,7 +228,7 @@ class Replica:
             self.settings, self.backend, models, telemetry=self.telemetry,
             monitors=self.monitors, has_table=table_version > 0, loading=frozenset(loading),
             missing=tuple(f"{name} v{version}" for name, version in sorted(failed)),
-            access=self.access, uploads=self.uploads,
+            access=self.access, uploads=self.uploads, mirror=self.mirror,
         )  # fmt: skip
         self.loaded, self.served, self.table_version = runtimes, served, table_version
         self.unloadable, self._retried_at = failed, self._clock()

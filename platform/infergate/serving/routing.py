@@ -15,7 +15,7 @@ from typing import Any
 
 from infergate.errors import ModelNotFound
 from infergate.serving.runtime import ModelRuntime
-from infergate.versions import CANARY
+from infergate.versions import CANARY, ServedVersion
 
 
 @dataclass(frozen=True)
@@ -56,15 +56,28 @@ class ServedModel:
                 return runtime
         return max(self.versions, key=lambda v: v.served.weight)  # never one at weight 0
 
+    @property
+    def shadow(self) -> ModelRuntime | None:
+        """The canary in shadow, if there is one: it answers mirrored requests only."""
+        return next((v for v in self.versions if v.served.shadow is not None), None)
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "task": self.task,
-            "versions": [
-                {"version": v.served.version, "role": v.served.role, "weight": v.served.weight}
-                for v in self.versions
-            ],
+            "versions": [_described(v.served) for v in self.versions],
         }
+
+
+def _described(served: ServedVersion) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "version": served.version,
+        "role": served.role,
+        "weight": served.weight,
+    }
+    if served.shadow is not None:  # answers mirrored requests only
+        entry["shadow"] = served.shadow.share
+    return entry
 
 
 def _bucket(key: str) -> float:

@@ -30,6 +30,9 @@ class Timings:
     inference_s: float = 0.0
     postprocess_s: float = 0.0
 
+    def total_s(self) -> float:
+        return self.tokenize_s + self.inference_s + self.postprocess_s
+
     def stages(self) -> Iterator[tuple[Stage, float]]:
         """``(stage, seconds)``, the stages that name the metrics' labels and headers."""
         yield TOKENIZE, self.tokenize_s

@@ -23,6 +23,7 @@ from infergate.errors import InvalidInput
 from infergate.observe.metrics import Metric
 
 if TYPE_CHECKING:
+    from infergate.serving.runtime import Prediction
     from infergate.serving.tokenization import Batch, TextTokenizer
     from infergate.versions import Spec
 
@@ -46,6 +47,30 @@ class Figures:
         if len(categories) != len(parts):
             return cls(values)
         return cls(values, np.concatenate(categories), parts[0].names)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A canary's answers to the texts its champion answered, compared text by text (the
+    shadow stage of a rollout, ``infergate.control.shadow``)."""
+
+    agreement: np.ndarray  # float64 [texts judged], each 0 (disagrees) to 1 (agrees)
+    change: float = 0.0  # the task's largest difference over the texts (see each task)
+
+
+def agreeing(flags: Sequence[bool] | np.ndarray, change: float) -> Paired:
+    return Paired(np.asarray(flags, dtype=np.float64), float(change))
+
+
+class Comparison:
+    """Compares a canary's predictions with its champion's, request by request; one per
+    canary, as a measure may need the texts seen before (embeddings' neighbours)."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def __call__(self, champion: Prediction, canary: Prediction, texts: list[str]) -> Paired:
+        return self.task.compare(champion, canary, texts)
 
 
 class Task:
@@ -85,6 +110,9 @@ class Task:
     reranks: ClassVar[bool] = False
     openai_embeddings: ClassVar[bool] = False
     v2_outputs: ClassVar[tuple[str, ...]] = ()
+    # The shadow stage's floor: the share of texts on which a good canary agrees with its
+    # champion (a retrained version differs on some). Policy tags override it.
+    shadow_agreement: ClassVar[float] = 0.9
 
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
         """Refuse parameters of other tasks, and values out of range."""
@@ -149,6 +177,14 @@ class Task:
     def v2_tensors(self, outputs: Any, raw: np.ndarray) -> dict[str, tuple[str, Any]]:
         """Each of ``v2_outputs`` of one answer (``postprocess``'s two results): its V2
         datatype and values (an array, or a list of strings for BYTES)."""
+        raise NotImplementedError
+
+    def comparison(self) -> Comparison:
+        """A new comparison of a canary with its champion (see ``compare``)."""
+        return Comparison(self)
+
+    def compare(self, champion: Prediction, canary: Prediction, texts: list[str]) -> Paired:
+        """How far ``canary``'s answers to ``texts`` are from ``champion``'s, text by text."""
         raise NotImplementedError
 
     def counter_shares(

@@ -12,9 +12,10 @@ from infergate.observe import metrics as m
 from infergate.observe.reference import CONFIDENCE_EDGES
 from infergate.serving.postprocess import classification_outputs, softmax
 from infergate.serving.tokenization import Batch
-from infergate.tasks import Figures, Task, heads
+from infergate.tasks import Figures, Paired, Task, agreeing, heads
 
 if TYPE_CHECKING:
+    from infergate.serving.runtime import Prediction
     from infergate.versions import Spec
 
 
@@ -34,6 +35,7 @@ class TextClassification(Task):
     category_feature = "predicted_class"
     category_metric = m.PREDICTED_CLASS
     v2_outputs = ("probabilities", "label")
+    shadow_agreement = 0.95  # a retrained classifier changes a few borderline labels
 
     def postprocess(
         self,
@@ -68,3 +70,16 @@ class TextClassification(Task):
             "probabilities": ("FP32", np.asarray(raw, dtype=np.float32)),
             "label": ("BYTES", labels),
         }
+
+    def compare(self, champion: Prediction, canary: Prediction, texts: list[str]) -> Paired:
+        """Labels kept; the change is the largest change of a class's probability (classes
+        matched by name: a retrained model may number them otherwise)."""
+        kept = [
+            a["label"] == b["label"] for a, b in zip(champion.outputs, canary.outputs, strict=True)
+        ]
+        ours, theirs = list(champion.labels), list(canary.labels)
+        if sorted(ours) != sorted(theirs):
+            return agreeing(kept, 1.0)
+        columns = [theirs.index(label) for label in ours]
+        change = np.abs(champion.raw - canary.raw[:, columns]).max(initial=0.0)
+        return agreeing(kept, change)

@@ -11,7 +11,11 @@ import numpy as np
 from infergate.observe import metrics as m
 from infergate.serving.postprocess import l2_normalize
 from infergate.serving.tokenization import Batch
-from infergate.tasks import Figures, Task, heads
+from infergate.tasks import Comparison, Figures, Paired, Task, agreeing, heads
+from infergate.tasks.sparse import row_cosines
+
+if TYPE_CHECKING:
+    from infergate.serving.runtime import Prediction
 
 if TYPE_CHECKING:
     from infergate.versions import Spec
@@ -34,6 +38,7 @@ class FeatureExtraction(Task):
     centroid = True
     openai_embeddings = True
     v2_outputs = ("embedding",)
+    shadow_agreement = 0.8  # of texts keeping their nearest neighbour (Neighbours)
 
     def postprocess(
         self,
@@ -55,3 +60,42 @@ class FeatureExtraction(Task):
     def v2_tensors(self, outputs: Any, raw: np.ndarray) -> dict[str, tuple[str, Any]]:
         """The embeddings as served: unit length unless the request said otherwise."""
         return {"embedding": ("FP32", np.asarray(outputs, dtype=np.float32))}
+
+    def comparison(self) -> Comparison:
+        return Neighbours(self)
+
+
+class Neighbours(Comparison):
+    """Embeddings compared without assuming the two versions share a space: a text agrees
+    when its nearest neighbour among the last ``WINDOW`` distinct texts mirrored is the
+    same text for both versions. The first texts only fill the window. The change, when
+    the vectors have one size (the same model at another precision, say), is one minus
+    the lowest cosine of a text's two vectors; 1 when they cannot be compared."""
+
+    WINDOW = 64
+    MIN_NEIGHBOURS = 4
+
+    def __init__(self, task: Task) -> None:
+        super().__init__(task)
+        self.texts: list[str] = []
+        self.ours: list[np.ndarray] = []
+        self.theirs: list[np.ndarray] = []
+
+    def __call__(self, champion: Prediction, canary: Prediction, texts: list[str]) -> Paired:
+        ours, theirs = l2_normalize(champion.raw), l2_normalize(canary.raw)
+        change = 1.0
+        if ours.shape == theirs.shape:
+            change = 1.0 - float(row_cosines(ours, theirs).min(initial=1.0))
+        kept = []
+        for text, a, b in zip(texts, ours, theirs, strict=True):
+            if text in self.texts:
+                continue
+            if len(self.texts) >= self.MIN_NEIGHBOURS:
+                kept.append(
+                    np.argmax(np.stack(self.ours) @ a) == np.argmax(np.stack(self.theirs) @ b)
+                )
+            self.texts.append(text)
+            self.ours.append(a)
+            self.theirs.append(b)
+            del self.texts[: -self.WINDOW], self.ours[: -self.WINDOW], self.theirs[: -self.WINDOW]
+        return agreeing(kept, change)

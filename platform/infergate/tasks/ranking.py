@@ -9,7 +9,7 @@ sentence-transformers' CrossEncoder reads them. Each text is tokenized as the pa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -17,7 +17,12 @@ from infergate.errors import InvalidInput
 from infergate.observe import metrics as m
 from infergate.serving.postprocess import softmax
 from infergate.serving.tokenization import Batch, TextTokenizer
-from infergate.tasks import Figures, Task, heads
+from infergate.tasks import Figures, Paired, Task, agreeing, heads
+
+if TYPE_CHECKING:
+    from infergate.serving.runtime import Prediction
+
+SAME_SCORE = 0.1  # a lone text's relevance kept: within this of the champion's
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -86,6 +91,18 @@ class TextRanking(Task):
 
     def figures(self, raw: np.ndarray, batch: Batch | None, labels: Sequence[str]) -> Figures:
         return Figures(raw[:, 0].astype(np.float64))
+
+    def compare(self, champion: Prediction, canary: Prediction, texts: list[str]) -> Paired:
+        """Each text's share of the request's other texts it is still ranked above or below
+        as the champion ranks it (a lone text: its relevance within ``SAME_SCORE``); the
+        change is the largest change of a relevance score."""
+        ours, theirs = champion.raw[:, 0], canary.raw[:, 0]
+        change = float(np.abs(ours - theirs).max(initial=0.0))
+        if len(ours) == 1:
+            return agreeing([change <= SAME_SCORE], change)
+        same = np.sign(ours[:, None] - ours[None, :]) == np.sign(theirs[:, None] - theirs[None, :])
+        np.fill_diagonal(same, False)
+        return Paired(same.sum(axis=1) / (len(ours) - 1), change)
 
 
 def ranked(scores: Sequence[float], texts: Sequence[str], top_n: int | None,

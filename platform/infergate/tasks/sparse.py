@@ -11,14 +11,17 @@ Formal definition: Formal et al., "SPLADE v2" (https://arxiv.org/abs/2109.10086)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from infergate.errors import InvalidInput
 from infergate.observe import metrics as m
 from infergate.serving.tokenization import Batch
-from infergate.tasks import Figures, Task, heads
+from infergate.tasks import Figures, Paired, Task, agreeing, heads
+
+if TYPE_CHECKING:
+    from infergate.serving.runtime import Prediction
 
 
 def sparse_terms(weights: np.ndarray, top_k: int | None = None) -> dict[str, list]:
@@ -42,6 +45,7 @@ class SparseEmbedding(Task):
     parameters: ClassVar[Mapping[str, type]] = {"top_k": int}
     value_key = "nonzero_terms"  # terms with a weight above 0, per text
     value_metric = m.SPARSE_TERMS
+    shadow_agreement = 0.9  # of texts whose term weights keep a cosine of MIN_COSINE
 
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
         super().check_parameters(parameters, model)
@@ -65,3 +69,21 @@ class SparseEmbedding(Task):
 
     def figures(self, raw: np.ndarray, batch: Batch | None, labels: Sequence[str]) -> Figures:
         return Figures((raw > 0).sum(axis=-1).astype(np.float64))
+
+    def compare(self, champion: Prediction, canary: Prediction, texts: list[str]) -> Paired:
+        """A text agrees when its term weights keep a cosine of ``MIN_COSINE`` with the
+        champion's; the change is one minus the lowest cosine."""
+        if champion.raw.shape != canary.raw.shape:  # another vocabulary: nothing in common
+            return agreeing([False] * len(texts), 1.0)
+        cosines = row_cosines(champion.raw, canary.raw)
+        return agreeing(cosines >= MIN_COSINE, 1.0 - cosines.min(initial=1.0))
+
+
+MIN_COSINE = 0.9
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The cosine of each row of ``a`` with the same row of ``b`` (0 for a zero row)."""
+    norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+    dots = np.einsum("ij,ij->i", a.astype(np.float64), b.astype(np.float64))
+    return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)

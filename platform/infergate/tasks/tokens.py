@@ -26,7 +26,7 @@ https://huggingface.co/docs/transformers/main_classes/pipelines#transformers.Tok
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -34,7 +34,10 @@ from infergate.errors import InvalidInput
 from infergate.observe import metrics as m
 from infergate.serving.postprocess import softmax
 from infergate.serving.tokenization import Batch, TextTokenizer
-from infergate.tasks import Figures, Task, heads
+from infergate.tasks import Figures, Paired, Task, agreeing, heads
+
+if TYPE_CHECKING:
+    from infergate.serving.runtime import Prediction
 
 STRATEGIES = ("none", "simple", "first", "max", "average")
 DEFAULT_STRATEGY = "simple"
@@ -163,6 +166,7 @@ class TokenClassification(Task):
     category_key = "entity_types"
     category_feature = "entity_type"
     category_metric = m.ENTITIES
+    shadow_agreement = 0.85  # one entity found, lost or moved changes a whole text
 
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
         super().check_parameters(parameters, model)
@@ -218,6 +222,17 @@ class TokenClassification(Task):
         counts = np.bincount(predicted, minlength=len(labels))
         return counts / max(int(counts.sum()), 1), tuple(labels)
 
+    def compare(self, champion: Prediction, canary: Prediction, texts: list[str]) -> Paired:
+        """A text agrees when both find the same entities (type and span); the change is
+        the largest share of a text's entities found by one version only."""
+        kept, change = [], 0.0
+        for ours, theirs in zip(champion.outputs, canary.outputs, strict=True):
+            a, b = _spans(ours), _spans(theirs)
+            kept.append(a == b)
+            if a | b:
+                change = max(change, len(a ^ b) / len(a | b))
+        return agreeing(kept, change)
+
     @staticmethod
     def _token_data(
         probabilities: np.ndarray, batch: Batch, i: int
@@ -225,3 +240,7 @@ class TokenClassification(Task):
         assert batch.offsets is not None and batch.special is not None
         assert batch.word_ids is not None
         return probabilities[i], batch.offsets[i], batch.special[i], batch.word_ids[i]
+
+
+def _spans(entities: list[dict[str, Any]]) -> set[tuple[str, int, int]]:
+    return {(e["entity"], e["start"], e["end"]) for e in entities}

@@ -18,14 +18,18 @@ Pure: numpy and the tokenizer wrapper only.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from infergate.errors import InvalidInput
 from infergate.observe import metrics as m
+from infergate.observe.chrf import chrf
 from infergate.serving.tokenization import Batch, TextTokenizer
-from infergate.tasks import CTRANSLATE2, Figures, Task, heads
+from infergate.tasks import CTRANSLATE2, Figures, Paired, Task, agreeing, heads
+
+if TYPE_CHECKING:
+    from infergate.serving.runtime import Prediction
 
 PAD_ID = -1  # pads the output rows; no token has this id
 DECODING_INPUT = "decoding"  # Triton's per-row input: (beam_size, max_decoding_length)
@@ -71,6 +75,7 @@ class Translation(Task):
     value_key = "output_tokens"
     value_metric = m.OUTPUT_TOKENS
     time_per_token_metric = m.DECODING_TIME_PER_TOKEN
+    shadow_agreement = 0.8  # of texts translated within SAME_CHRF of the champion's
 
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
         super().check_parameters(parameters, model)
@@ -110,3 +115,18 @@ class Translation(Task):
 
     def figures(self, raw: np.ndarray, batch: Batch | None, labels: Sequence[str]) -> Figures:
         return Figures(output_lengths(raw).astype(np.float64))
+
+    def compare(self, champion: Prediction, canary: Prediction, texts: list[str]) -> Paired:
+        """A text agrees when its translation has a chrF of ``SAME_CHRF`` against the
+        champion's; the change is one minus the lowest chrF, over 100."""
+        scores = [
+            100.0 if a == b else chrf([b], [a])
+            for a, b in (
+                (x["translation_text"], y["translation_text"])
+                for x, y in zip(champion.outputs, canary.outputs, strict=True)
+            )
+        ]
+        return agreeing([s >= SAME_CHRF for s in scores], 1.0 - min(scores, default=100.0) / 100)
+
+
+SAME_CHRF = 60.0

@@ -17,7 +17,8 @@ from infergate.control.policy import (
 from infergate.observe.counters import VersionCounters, VersionWindow, merge_reports
 from infergate.observe.metrics import LATENCY_BUCKETS_S
 
-POLICY = RolloutPolicy(steps=(10, 50, 100), step_interval_s=60, min_requests=20)
+# The weighted steps (the shadow stage: tests/unit/control/test_shadow.py).
+POLICY = RolloutPolicy(steps=(10, 50, 100), step_interval_s=60, min_requests=20, shadow_share=0)
 HEALTHY = VersionWindow(requests=100, errors=0, p95_ms=10.0, output_shares=(0.5, 0.5))
 
 

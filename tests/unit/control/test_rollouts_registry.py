@@ -15,6 +15,8 @@ from infergate.observe.counters import VersionCounters
 from infergate.registry import RegisteredModel
 from infergate.versions import CANARY, CHAMPION
 
+NO_SHADOW = {"infergate.rollout.policy.shadow_share": "0"}  # weighted steps from the start
+
 
 def registered(name: str, tags: dict[str, str] | None = None, **aliases: str) -> RegisteredModel:
     return RegisteredModel(name, "text-classification", dict(aliases), dict(tags or {}))
@@ -29,7 +31,8 @@ def test_a_policy_tag_that_cannot_be_read_stops_no_rollout():
     )
     rollouts = Rollouts(registry, stats=dict, clock=FakeClock())
     served = {(v.name, v.version): v.weight for v in rollouts.desired()}
-    assert served == {("a", "1"): 90, ("a", "2"): 10, ("b", "1"): 90, ("b", "2"): 10,
+    # Canaries in shadow: served at weight 0, their champions keep every request.
+    assert served == {("a", "1"): 100, ("a", "2"): 0, ("b", "1"): 100, ("b", "2"): 0,
                       ("c", "1"): 100}  # fmt: skip
     assert rollouts.tick() == []  # analysed (waiting for traffic), not stopped
     assert rollouts.status("a").policy.min_requests == 30  # the default, not the tag's 12
@@ -63,7 +66,7 @@ def test_a_new_version_of_an_auto_canary_model(aliases, becomes_canary):
 
 
 def test_status_shows_the_latest_analysis_and_a_new_rollout_none_of_the_last():
-    registry = MemoryRegistry(registered("a", champion="1", canary="2"))
+    registry = MemoryRegistry(registered("a", NO_SHADOW, champion="1", canary="2"))
     counters: dict[str, VersionCounters] = {}
     rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=FakeClock())
     rollouts.desired()
@@ -132,8 +135,14 @@ def test_a_canary_alias_just_set_in_mlflow_is_seen_by_status_and_commands():
     rollouts = Rollouts(registry, stats=dict, clock=FakeClock())
     registry.set_alias("a", CANARY, "2")
     shown = rollouts.status("a").to_dict()
-    assert (shown["canary"], shown["weight"], shown["mode"]) == ("2", 10, "auto")
-    assert (shown["last_decision"], shown["last_reason"]) == ("start", "first step, weight 10")
+    assert (shown["canary"], shown["weight"], shown["mode"], shown["shadow"]) == (
+        "2",
+        0,
+        "auto",
+        True,
+    )
+    assert shown["last_decision"] == "start"
+    assert shown["last_reason"] == "shadow: 25% of the champion's requests mirrored"
     with pytest.raises(RolloutConflict, match="version 2 of 'a' is already a canary"):
         rollouts.start("a", "3", weight=None, mode="auto")
     promoted = rollouts.promote("a").to_dict()
@@ -181,7 +190,7 @@ def test_the_last_step_is_judged_against_the_champion_of_the_step_before():
     clock = FakeClock()
     counters = {"a/1": VersionCounters(), "a/2": VersionCounters()}
     rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=clock)
-    rollouts.start("a", "2", weight=None, mode="auto")
+    rollouts.start("a", "2", weight=None, mode="auto", shadow=False)
     rollouts.tick()  # the step's window starts here
     counters["a/1"] = served_for(counters["a/1"], 10.0, 200)
     counters["a/2"] = served_for(counters["a/2"], 10.0, 200)
@@ -204,7 +213,7 @@ def test_an_earlier_window_stands_in_only_at_100_and_only_for_the_same_champion(
     clock = FakeClock()
     counters = {key: VersionCounters() for key in ("a/1", "a/2", "a/3")}
     rollouts = Rollouts(registry, stats=lambda: dict(counters), clock=clock)
-    rollouts.start("a", "2", weight=None, mode="auto")
+    rollouts.start("a", "2", weight=None, mode="auto", shadow=False)
     rollouts.tick()
     counters["a/1"] = served_for(counters["a/1"], 10.0, 200)
     counters["a/2"] = served_for(counters["a/2"], 10.0, 200)
@@ -253,7 +262,7 @@ def test_a_control_plane_restarted_mid_rollout_goes_on_with_the_steps_figures(tm
                         windows=StepWindows(path))  # fmt: skip
 
     rollouts = control_plane()
-    rollouts.start("a", "2", weight=None, mode="auto")
+    rollouts.start("a", "2", weight=None, mode="auto", shadow=False)
     rollouts.tick()
     counters["a/1"] = served_for(counters["a/1"], 10.0, 200)
     counters["a/2"] = served_for(counters["a/2"], 10.0, 200)

@@ -13,7 +13,7 @@ from infergate.errors import BackendUnavailable, ModelNotFound
 from infergate.observe.telemetry import NullTelemetry
 from infergate.serving import replica as replica_module
 from infergate.serving.replica import Replica
-from infergate.versions import CANARY, CHAMPION, ServedVersion
+from infergate.versions import CANARY, CHAMPION, ServedVersion, Shadow
 
 
 def test_a_replaced_triton_channel_is_closed_once_its_batcher_is_idle(monkeypatch):
@@ -181,14 +181,16 @@ def test_a_table_is_adopted_once_the_previous_front_ends_requests_are_done(monke
     assert replica.frontend is not previous
 
 
-def test_table_entries_carry_the_reloading_mark_only_when_set():
-    """Replicas rebuild entries with ServedVersion(**entry); those of a release before the
-    mark, still running during an upgrade, must keep reading every ordinary table."""
+def test_table_entries_carry_the_reloading_and_shadow_marks_only_when_set():
+    """Replicas of a release before the marks, still running during an upgrade, rebuild
+    entries with ServedVersion(**entry): every ordinary table must stay readable so."""
     served = ServedVersion("a", "1", "text-classification", "src/a1", CANARY, 10)
     assert set(served.to_dict()) == {"name", "version", "task", "source", "role", "weight"}
-    marked = replace(served, reloading=True)
     assert ServedVersion(**served.to_dict()) == served
-    assert ServedVersion(**marked.to_dict()) == marked
+    marked = replace(served, reloading=True)
+    shadowed = replace(served, weight=0, shadow=Shadow(0.25, 2.0, 10.0))
+    for entry in (served, marked, shadowed):
+        assert ServedVersion.from_dict(entry.to_dict()) == entry
 
 
 def test_a_retry_that_ends_after_a_new_table_arrived_changes_nothing(monkeypatch, tmp_path):

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from infergate import tasks
 from infergate.errors import InvalidInput
-from infergate.registration.chrf import chrf, exact_match_rate
+from infergate.observe.chrf import chrf, exact_match_rate
 from infergate.serving.tokenization import TextTokenizer
 from infergate.tasks.translation import (
     DECODING_INPUT,
