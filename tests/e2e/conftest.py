@@ -223,10 +223,12 @@ def clone_version(
     corrupt: bool = False,
     broken_tokenizer: bool = False,
     swap_labels: bool = False,
+    max_length: int | None = None,
 ) -> str:
     """A new version of ``name`` made of ``version``'s files; optionally a broken ONNX
     (Triton cannot load it) or tokenizer (the front-end replicas cannot), or its labels
-    in reverse order (it loads and answers fine, every answer of two classes flipped)."""
+    in reverse order (it loads and answers fine, every answer of two classes flipped), or
+    a ``max_length`` its graph cannot take (it fails on texts longer than its positions)."""
     import mlflow
 
     source = registry.version_source(name, version)
@@ -239,9 +241,12 @@ def clone_version(
         (files / "model.onnx").write_bytes(b"this is not an ONNX graph")
     if broken_tokenizer:
         (files / "tokenizer" / "tokenizer.json").write_text("this is not a tokenizer")
-    if swap_labels:
+    if swap_labels or max_length:
         spec = json.loads((files / SPEC_FILE).read_text())
-        spec["labels"] = spec["labels"][::-1]
+        if swap_labels:
+            spec["labels"] = spec["labels"][::-1]
+        if max_length:
+            spec["max_length"] = max_length
         (files / SPEC_FILE).write_text(json.dumps(spec))
     task = registry.model(name).task
     return registry.register(name, task, files, metrics={}, params={}, tags={"test": "yes"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from collections import Counter
@@ -262,13 +263,23 @@ def test_a_restart_resumes_the_rollout(stack, http, registry, tmp_path):
         end_rollout(stack)
 
 
+# Canaries that load and answer, but badly: the reason each is rolled back for.
+WRONG = {
+    # Its labels in reverse order: every answer flipped.
+    "labels swapped": ({"swap_labels": True}, "in shadow: agrees with the champion on 0% of"),
+    # Told to take 256 tokens with 64 positions: the texts past 64 tokens fail in Triton.
+    "fails on long texts": ({"max_length": 256}, "in shadow: fails "),
+}
+
+
+@pytest.mark.parametrize("wrong", WRONG)
 def test_a_canary_that_answers_wrongly_is_rolled_back_in_shadow_before_any_client_sees_it(
-    stack, http, registry, tmp_path
+    stack, http, registry, tmp_path, wrong
 ):
-    """Its labels in reverse order: it loads and answers fine, every answer flipped. Set as
-    the canary with a plain MLflow client under steady load, it is rolled back while in
-    shadow; every client's answer came from the champion."""
-    version = new_version(registry, tmp_path, swap_labels=True)
+    """Set as the canary with a plain MLflow client under steady load, it is rolled back
+    while in shadow; every client's answer came from the champion."""
+    broken, expected = WRONG[wrong]
+    version = new_version(registry, tmp_path, **broken)
     answers: list[tuple[int, str | None]] = []
     done = threading.Event()
 
@@ -277,7 +288,9 @@ def test_a_canary_that_answers_wrongly_is_rolled_back_in_shadow_before_any_clien
             for i in itertools.count():
                 if done.is_set():
                     return
-                body = {"inputs": [f"review {i}: a good film", "a dull one"]}
+                # Every other request holds a text of about 120 tokens.
+                long = " and long" * (i % 2 * 40)
+                body = {"inputs": [f"review {i}: a good film", f"a dull one{long}"]}
                 response = client.post(f"/v1/models/{MODEL}/predict", json=body)
                 answers.append((response.status_code, response.headers.get("x-model-version")))
                 time.sleep(0.01)
@@ -296,15 +309,15 @@ def test_a_canary_that_answers_wrongly_is_rolled_back_in_shadow_before_any_clien
         done.set()
         for thread in threads:
             thread.join()
-    reason = (
-        MlflowClient(stack.mlflow)
-        .get_model_version(MODEL, version)
-        .tags["infergate.rollback_reason"]
-    )
-    print(f"\nswapped-labels canary: rolled back {seconds:.1f} s after its alias was set, "
+    tags = MlflowClient(stack.mlflow).get_model_version(MODEL, version).tags
+    reason = tags["infergate.rollback_reason"]
+    trail = json.loads(tags["infergate.rollout_report"])  # the decision trail
+    assert [entry["action"] for entry in trail] == ["start", "rollback"], trail
+    assert trail[-1]["reason"] == reason and trail[-1]["figures"]["shadow_requests"] > 0
+    print(f"\n{wrong} canary: rolled back {seconds:.1f} s after its alias was set, "
           f"{len(answers)} client answers, from versions {Counter(v for _, v in answers)}; "
           f"{reason}")  # fmt: skip
-    assert reason.startswith("in shadow: agrees with the champion on 0% of texts"), reason
+    assert reason.startswith(expected), reason
     assert {status for status, _ in answers} == {200}
     assert version not in {served for _, served in answers}  # no answer of its reached a client
     assert len(answers) > 50
