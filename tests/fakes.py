@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ import numpy as np
 from starlette.requests import Request
 
 from infergate.errors import RegistrationError
+from infergate.observe.counters import ShadowCounters
 from infergate.serving.runtime import Prediction, Timings
 from infergate.versions import SPEC_FILE, ServedVersion
 
@@ -89,6 +91,7 @@ class Recorder:
         self.callers: list[tuple[str, str, int]] = []
         self.drifts: list[dict[tuple[str, str], float]] = []
         self.weights: list[tuple[str, str, str, float]] = []
+        self.shadows: list[tuple[str, str, ShadowCounters]] = []
         self.monitored: list[int] = []
 
     def request(
@@ -104,6 +107,9 @@ class Recorder:
 
     def weight(self, model: str, version: str, role: str, weight: float) -> None:
         self.weights.append((model, version, role, weight))
+
+    def shadow(self, model: str, version: str, counters: ShadowCounters) -> None:
+        self.shadows.append((model, version, replace(counters)))
 
     def flush(self) -> None:
         pass

@@ -96,12 +96,13 @@ _KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ig
 
 def metric_names(expr: str) -> set[str]:
     """The metric names a PromQL expression selects (a small lexer, enough for ours):
-    strings, ranges, grouping label lists, matchers and numbers are removed, and an
+    strings, ranges, grouping label lists, matchers, durations and numbers are removed, and an
     identifier followed by "(" is a function or an aggregation."""
     text = re.sub(r'"(?:[^"\\]|\\.)*"', " ", expr)
     text = re.sub(r"\[[^\]]*\]", " ", text)
     text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
     text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"(?<![\w:])\d+(?:ms|[smhdwy])\b", " ", text)  # offset durations
     text = re.sub(r"(?<![\w:])\d+(?:\.\d+)?(?:[eE][+-]?\d+)?", " ", text)
     names = set()
     for match in re.finditer(r"[A-Za-z_:][\w:]*", text):

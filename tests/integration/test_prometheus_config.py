@@ -62,7 +62,7 @@ def test_rendered_config_with_alerts_beside_it_passes_promtool_check(tmp_path):
     (tmp_path / "alerts.yml").write_text(ALERTS.read_text())
     result = promtool("check", "config", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 7 rules found" in result.stdout
+    assert "SUCCESS: 8 rules found" in result.stdout
 
 
 def test_template_keeps_its_jobs_and_placeholders():
@@ -84,7 +84,7 @@ def test_alert_rules_use_our_metrics_or_known_exporters():
 
 def test_alert_unit_tests_pass():
     # Drift: PSI 0.3 fires the critical alert, 0.15 the warning, 0.05 nothing; plus the
-    # error-rate, p99-latency, Triton-down and no-healthy-replica rules.
+    # error-rate, p99-latency, Triton-down, no-healthy-replica and canary-rollback rules.
     result = promtool("test", "rules", str(RULE_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -9,6 +9,7 @@ its figures and counted.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +38,8 @@ from infergate.versions import CANARY, CHAMPION, ServedVersion, Shadow
 log = logging.getLogger(__name__)
 AUTO_CANARY_TAG = "infergate.auto_canary"
 LAST_ROLLOUT_TAG = "infergate.last_rollout"
+REPORT_TAG = "infergate.rollout_report"  # on the canary's version: its decision trail
+REPORT_CHARS = 5000  # MLflow's limit on a tag's value
 STATE_KEYS = [TAG_PREFIX + k for k in RolloutState.__dataclass_fields__]
 # How a rollout ended, by action: the version's time and reason tags, the summary's verb.
 _END_TAGS = {
@@ -103,6 +106,8 @@ class Rollouts:
         # action (a write to MLflow every 2 s would be too many).
         self._analysis: dict[str, Decision] = {}
         self._bad_policies: set[tuple[str, str]] = set()
+        # Per model, the decisions of the rollout running (since this process started).
+        self._trails: dict[str, list[dict[str, Any]]] = {}
 
     # -- what to serve ------------------------------------------------------------------
 
@@ -155,9 +160,13 @@ class Rollouts:
         self.registry.set_version_tags(name, version, {at: now, why: decision.reason})
         summary = f"version {version} {verb}: {decision.reason}"
         self.registry.set_model_tags(name, {LAST_ROLLOUT_TAG: summary})
-        self._analysis.pop(name, None)
+        last = self._analysis.pop(name, None)
         self.windows.champions.pop(name, None)
+        if last is not None and not decision.figures:  # ended by hand: the figures so far
+            decision = replace(decision, figures=last.figures)
         self._log(name, decision)
+        report = report_text(self._trails.pop(name, []))
+        self.registry.set_version_tags(name, version, {REPORT_TAG: report})
 
     def _sync_state(self, model: RegisteredModel) -> RolloutState | None:
         """Bring the rollout tags in line with the aliases someone may have moved."""
@@ -352,10 +361,39 @@ class Rollouts:
                 log.error("model %s: %s; its rollouts use the default policy", model.name, exc)
             return RolloutPolicy()
 
+    def shadow_tests(self) -> dict[str, dict[str, float]]:
+        """Per model in shadow, where its sequential tests stand (log-likelihood ratios)."""
+        return {
+            model: {"agreement": d.figures["agreement_llr"], "latency": d.figures["latency_llr"]}
+            for model, d in self._analysis.items()
+            if "agreement_llr" in d.figures
+        }
+
     def _log(self, model: str, decision: Decision) -> None:
+        entry = {"at": round(self.clock(), 3), "action": decision.action,
+                 "reason": decision.reason, "figures": decision.figures}  # fmt: skip
+        if decision.action == "start":  # a trail per rollout
+            self._trails[model] = []
+        self._trails.setdefault(model, []).append(entry)
         figures = " ".join(f"{k}={v:.4g}" for k, v in decision.figures.items())
         log.info("rollout %s: %s (%s) %s", model, decision.action, decision.reason, figures)
         self.on_decision(model, decision.action)
+
+
+def report_text(trail: list[dict[str, Any]]) -> str:
+    """The decision trail as JSON within ``REPORT_CHARS``: the earliest entries' figures
+    are left out first, then the earliest entries (the end is what explains a rollback)."""
+    trail = [dict(entry) for entry in trail]
+    text = json.dumps(trail)
+    for entry in trail[:-1]:
+        if len(text) <= REPORT_CHARS:
+            break
+        entry.pop("figures", None)
+        text = json.dumps(trail)
+    while len(text) > REPORT_CHARS and len(trail) > 1:
+        trail.pop(0)
+        text = json.dumps(trail)
+    return text[:REPORT_CHARS]
 
 
 def _rolling_out(model: RegisteredModel) -> bool:

@@ -25,7 +25,7 @@ from infergate.control.rollouts import Rollouts
 from infergate.control.webhooks import register_webhook
 from infergate.control.windows import StepWindows
 from infergate.observe.counters import VersionCounters, merge_reports
-from infergate.observe.metrics import ROLLOUT_DECISIONS
+from infergate.observe.metrics import ROLLOUT_DECISIONS, SHADOW_TESTS
 from infergate.registry import Registry
 from infergate.stack.processes import wait_until
 from infergate.triton.fleet import TritonFleet
@@ -62,6 +62,7 @@ class ControlService:
         self._wake = threading.Event()  # set by webhooks: reconcile now
         self._app_deployed = config.serve.external  # KubeRay deploys it there
         self._decisions: Any = None
+        self._shadow_tests: Any = None
         self.rollouts = Rollouts(
             registry,
             self._stats,
@@ -139,6 +140,7 @@ class ControlService:
                 self._next_analysis = now + self.config.admin.analysis_interval_s
                 with self.lock:
                     decisions = self.rollouts.tick()
+                self._publish_shadow_tests()
                 if decisions:
                     self.reconcile()
             if now >= self._next_check:
@@ -200,6 +202,23 @@ class ControlService:
         ``reason`` says what failed (Triton's load, or reading the replicas' files)."""
         if version.role == CANARY:
             self.rollouts.rollback(version.name, reason)
+
+    def _publish_shadow_tests(self) -> None:
+        """Where each shadow stage's sequential tests stand, for the rollout dashboard; a
+        gauge no longer set (the stage over) leaves Ray's export by itself."""
+        shadows = self.rollouts.shadow_tests()
+        if not shadows:
+            return
+        from ray.util.metrics import Gauge
+
+        if self._shadow_tests is None:
+            metric = SHADOW_TESTS
+            self._shadow_tests = Gauge(
+                metric.full_name, description=metric.description, tag_keys=metric.labels
+            )
+        for model, tests in shadows.items():
+            for test, llr in tests.items():
+                self._shadow_tests.set(llr, {"model": model, "test": test})
 
     def _count_decision(self, model: str, action: str) -> None:
         from ray.util.metrics import Counter

@@ -7,6 +7,7 @@ query aggregates over replicas: counters and buckets are summed after ``rate()``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from infergate.dashboards.backend import backend
@@ -325,8 +326,51 @@ def rollout() -> Dashboard:
         "infergate-rollout",
         "infergate / Rollout",
         "Champion (left) against canary (right) while a canary rolls out.",
-        (Row("Traffic split", split), Row("Champion vs canary", tuple(compared))),
+        (
+            Row("Traffic split", split),
+            Row("Shadow stage", shadow_panels()),
+            Row("Champion vs canary", tuple(compared)),
+        ),
         (MODEL_VAR,),
+    )
+
+
+def shadow_panels() -> tuple[Panel, ...]:
+    """A canary in shadow: how often it agrees with its champion on the same texts, what
+    became of the mirrored requests, and where the sequential tests stand."""
+    texts = rate(m.SHADOW_TEXTS.full_name, *MODEL_ONLY)
+    disagreement = rate(m.SHADOW_DISAGREEMENT.full_name, *MODEL_ONLY)
+    agreement = f"1 - {ratio(sum_by(MV, disagreement), sum_by(MV, texts))}"
+    outcomes = sum_by("model, outcome", rate(m.SHADOW_REQUESTS.full_name, *MODEL_ONLY))
+    tests = f"max by (model, test) ({selector(m.SHADOW_TESTS.full_name, *MODEL_ONLY)})"
+    bound = math.log(99)  # the default false_rollback, 1 %
+    return (
+        Panel(
+            "Shadow agreement",
+            (Query(agreement, MV_LEGEND),),
+            unit="percentunit",
+            min_value=0,
+            max_value=1,
+            description="Share of mirrored texts on which the canary's answer agrees with the "
+            "champion's answer to the same text (the task's measure).",
+            width=8,
+        ),
+        Panel(
+            "Mirrored requests",
+            (Query(outcomes, "{{model}} {{outcome}}"),),
+            unit="reqps",
+            description="compared, failed, slower than the champion, dropped (replica busy).",
+            width=8,
+        ),
+        Panel(
+            "Sequential tests",
+            (Query(tests, "{{model}} {{test}}"),),
+            thresholds=(Threshold(-bound, "green"), Threshold(bound, "red")),
+            base_color="blue",
+            description=f"Log-likelihood ratio of a bad canary over a good one: rolled back "
+            f"above {bound:.1f}, passed below {-bound:.1f} (false_rollback 1 %).",
+            width=8,
+        ),
     )
 
 

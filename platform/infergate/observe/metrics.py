@@ -170,6 +170,29 @@ ROLLOUT_WEIGHT = Metric(
 ROLLOUT_DECISIONS = Metric(
     "rollout_decisions_total", "counter", "Rollout decisions taken.", ("model", "decision")
 )
+# A canary in shadow (infergate.control.shadow): what the replicas compared, and where
+# the control plane's sequential tests stand.
+SHADOW_TEXTS = Metric(
+    "shadow_texts_total", "counter",
+    "Texts of mirrored requests a canary in shadow answered (or failed), compared with its "
+    "champion's answers.", MV,
+)  # fmt: skip
+SHADOW_DISAGREEMENT = Metric(
+    "shadow_disagreement_total", "counter",
+    "Disagreement of a canary in shadow with its champion, summed over texts (0 to 1 each); "
+    "over shadow_texts_total, the share of texts it disagrees on.", MV,
+)  # fmt: skip
+SHADOW_REQUESTS = Metric(
+    "shadow_requests_total", "counter",
+    "Requests mirrored to a canary in shadow, by outcome: compared, failed, slower (than the "
+    "champion on the same request), dropped (too many under way).", (*MV, "outcome"),
+)  # fmt: skip
+SHADOW_TESTS = Metric(
+    "rollout_shadow_llr", "gauge",
+    "The shadow stage's sequential tests (agreement, latency): log-likelihood ratio of a bad "
+    "canary over a good one; rolled back above log((1-a)/a), passed below its negative.",
+    ("model", "test"),
+)  # fmt: skip
 
 # What the front-end replicas record; the control plane counts the rollout decisions.
 FRONTEND = (
@@ -192,5 +215,8 @@ FRONTEND = (
     DRIFT,
     KEY_REQUESTS,
     ROLLOUT_WEIGHT,
+    SHADOW_TEXTS,
+    SHADOW_DISAGREEMENT,
+    SHADOW_REQUESTS,
 )
-ALL = (*FRONTEND, ROLLOUT_DECISIONS)
+ALL = (*FRONTEND, ROLLOUT_DECISIONS, SHADOW_TESTS)

@@ -75,6 +75,11 @@ class Monitors:
         return self.counters.setdefault(key, VersionCounters())
 
     def publish(self) -> None:
+        for key, counters in self.counters.items():
+            shadow = counters.shadow
+            if shadow.requests or shadow.dropped:  # a canary in shadow, now or before
+                model, version = key.rsplit("/", 1)
+                self.telemetry.shadow(model, version, shadow)
         for (model, version), window in self.windows.items():
             scores = window.scores()
             published = self._published.setdefault((model, version), set())

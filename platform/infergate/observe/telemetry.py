@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from infergate import tasks
 from infergate.observe import metrics as m
+from infergate.observe.counters import ShadowCounters
 from infergate.serving.runtime import Prediction
 
 
@@ -41,6 +42,8 @@ class Telemetry(Protocol):
 
     def flush(self) -> None: ...
 
+    def shadow(self, model: str, version: str, counters: ShadowCounters) -> None: ...
+
 
 class NullTelemetry:
     def request(self, *args: Any) -> None:
@@ -53,6 +56,9 @@ class NullTelemetry:
         pass
 
     def weight(self, *args: Any) -> None:
+        pass
+
+    def shadow(self, *args: Any) -> None:
         pass
 
     def flush(self) -> None:
@@ -196,6 +202,20 @@ class RayTelemetry:
     def flush(self) -> None:
         for name, tags, value in self.totals.samples():
             self._gauges[name].set(value, tags)
+
+    def shadow(self, model: str, version: str, counters: ShadowCounters) -> None:
+        """A canary in shadow's counters, as they stand (cumulative, like the totals)."""
+        mv = {"model": model, "version": version}
+        self._gauges[m.SHADOW_TEXTS.full_name].set(counters.texts, mv)
+        self._gauges[m.SHADOW_DISAGREEMENT.full_name].set(counters.disagreement, mv)
+        outcomes = {
+            "compared": counters.requests - counters.errors,
+            "failed": counters.errors,
+            "slower": counters.slower,
+            "dropped": counters.dropped,
+        }
+        for outcome, value in outcomes.items():
+            self._gauges[m.SHADOW_REQUESTS.full_name].set(value, {**mv, "outcome": outcome})
 
     def drift(self, model: str, version: str, scores: dict[tuple[str, str], float]) -> None:
         gauge = self._gauges[m.DRIFT.full_name]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from fakes import FakeClock, MemoryRegistry
 from infergate import tasks
 from infergate.control.policy import RolloutPolicy
-from infergate.control.rollouts import Rollouts
+from infergate.control.rollouts import REPORT_CHARS, Rollouts, report_text
 from infergate.control.shadow import Sprt, agreement_test, analyse_shadow, latency_test
 from infergate.errors import InvalidInput
 from infergate.observe.counters import ShadowCounters, VersionCounters
@@ -98,8 +100,9 @@ def test_an_automatic_rollout_goes_through_shadow_then_the_steps():
     assert (canary.weight, canary.shadow) == (0, Shadow(0.25, 1.5, 5.0))
     rollouts.tick()  # the shadow's window starts here
     counters["a/2"] = VersionCounters(shadow=counted(40, 0.0, requests=40))
+    assert rollouts.shadow_tests() == {"a": {"agreement": 0.0, "latency": 0.0}}  # no data
     ((_, decision),) = rollouts.tick()
-    assert decision.action == "advance"
+    assert decision.action == "advance" and rollouts.shadow_tests() == {}
     state = rollouts.status("a").state
     assert state is not None and (state.shadow, state.weight, state.step) == (False, 10, 0)
     canary = {v.role: v for v in rollouts.desired()}[CANARY]
@@ -119,6 +122,17 @@ def test_a_canary_rolled_back_in_shadow_never_had_weight():
     assert CANARY not in registry.model("a").aliases
     tags = registry.version_tags[("a", "2")]
     assert tags["infergate.rollback_reason"].startswith("in shadow: agrees with the champion")
+    trail = json.loads(tags["infergate.rollout_report"])  # the decision trail, with figures
+    assert [entry["action"] for entry in trail] == ["start", "rollback"]
+    assert trail[-1]["figures"]["shadow_texts"] == 3 and trail[-1]["figures"]["agreement_llr"] > 4.6
+
+
+def test_the_report_keeps_within_a_tags_limit_end_first():
+    trail = [{"at": i, "action": "advance", "reason": "x" * 100, "figures": {"f": 1.0}}
+             for i in range(100)]  # fmt: skip
+    kept = json.loads(report_text(trail))
+    assert len(report_text(trail)) <= REPORT_CHARS
+    assert kept[-1] == trail[-1] and kept[0]["at"] > 0 and "figures" not in kept[0]
 
 
 def test_manual_and_weighted_starts_and_a_zero_share_skip_the_shadow():

@@ -27,9 +27,10 @@ def test_latency_buckets_are_fine_between_1ms_and_1s():
 
 
 def test_counters_end_in_total_and_labels_are_bounded():
-    # entity: the entity types of a token classifier, as bounded as its labels.
+    # entity: the entity types of a token classifier, as bounded as its labels; outcome
+    # and test: the shadow stage's four outcomes and two tests.
     allowed = {"model", "version", "stage", "status", "class", "feature", "method", "role",
-               "decision", "key", "entity"}  # fmt: skip
+               "decision", "key", "entity", "outcome", "test"}  # fmt: skip
     for metric in m.ALL:
         assert (metric.kind == "counter") == metric.full_name.endswith("_total")
         assert set(metric.labels) <= allowed

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from infergate.observe import metrics as m
+from infergate.observe.counters import ShadowCounters
 from infergate.observe.telemetry import RayTelemetry, Totals, series_definitions
 from infergate.serving.runtime import Prediction, Timings
 from infergate.serving.tokenization import Batch
@@ -100,6 +101,7 @@ def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
     assert recorded == {metric.full_name for metric in m.FRONTEND} - {
         m.DRIFT.full_name,
         m.ROLLOUT_WEIGHT.full_name,
+        *SHADOW_SERIES,  # set as they stand: test_a_canary_in_shadow_sets_its_series
     }
     t = (("model", "t"), ("version", "1"))
     assert samples[("infergate_output_tokens_sum", t)] == 4
@@ -128,3 +130,22 @@ def test_values_that_are_not_finite_are_left_out_of_histograms():
     assert samples[("infergate_embedding_norm_count", tags)] == 2
     assert samples[("infergate_embedding_norm_sum", tags)] == 4.0
     assert samples[("infergate_embedding_norm_bucket", (("le", "+Inf"), *tags))] == 2
+
+
+SHADOW_SERIES = (m.SHADOW_TEXTS.full_name, m.SHADOW_DISAGREEMENT.full_name,
+                 m.SHADOW_REQUESTS.full_name)  # fmt: skip
+
+
+def test_a_canary_in_shadow_sets_its_series():
+    telemetry = RayTelemetry()
+    gauges = {name: Gauge() for name in telemetry._gauges}
+    telemetry._gauges = gauges
+    counters = ShadowCounters(requests=10, errors=2, texts=30, disagreement=4.5, slower=1,
+                              dropped=3)  # fmt: skip
+    telemetry.shadow("s", "2", counters)
+    mv = (("model", "s"), ("version", "2"))
+    assert gauges[m.SHADOW_TEXTS.full_name].values == {mv: 30}
+    assert gauges[m.SHADOW_DISAGREEMENT.full_name].values == {mv: 4.5}
+    outcomes = {dict(tags)["outcome"]: value
+                for tags, value in gauges[m.SHADOW_REQUESTS.full_name].values.items()}  # fmt: skip
+    assert outcomes == {"compared": 8, "failed": 2, "slower": 1, "dropped": 3}
