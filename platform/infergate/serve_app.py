@@ -44,6 +44,7 @@ class FrontendDeployment:
         self._telemetry = RayTelemetry()
         self._replica = Replica(self._telemetry, connect=TritonBackend)
         self._state = control_state()
+        self._epoch = ""  # of the ControlState actor our table came from
         self._id = serve.get_replica_context().replica_id.unique_id
         self._sync_task = asyncio.get_running_loop().create_task(self._sync())
 
@@ -77,10 +78,11 @@ class FrontendDeployment:
 
     async def _pull_table(self) -> bool:
         """Apply the control plane's table if it is newer than ours; whether it was."""
-        update = await self._state.table.remote(self._replica.table_version)
+        update = await self._state.table.remote(self._epoch, self._replica.table_version)
         if update is None:
             return False
-        await self._replica.switch_table(*update)
+        self._epoch, version, served = update
+        await self._replica.switch_table(version, served)
         return True
 
     async def _report_regularly(self) -> None:

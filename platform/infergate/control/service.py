@@ -63,6 +63,7 @@ class ControlService:
         self._app_deployed = config.serve.external  # KubeRay deploys it there
         self._decisions: Any = None
         self._shadow_tests: Any = None
+        self._published: tuple[str, list[ServedVersion]] | None = None  # epoch, table
         self.rollouts = Rollouts(
             registry,
             self._stats,
@@ -136,6 +137,7 @@ class ControlService:
         at the next interval."""
         now = self._clock()
         try:
+            self._publish_again_if_restarted()
             if now >= self._next_analysis:
                 self._next_analysis = now + self.config.admin.analysis_interval_s
                 with self.lock:
@@ -184,7 +186,8 @@ class ControlService:
 
         from infergate.serve_app import APP_NAME, frontend_app
 
-        version = ray.get(self._state.publish.remote([v.to_dict() for v in served]))
+        epoch, version = ray.get(self._state.publish.remote([v.to_dict() for v in served]))
+        self._published = (epoch, served)
         if not self._app_deployed:
             app = frontend_app(self.config.frontend_settings(), self.config.serve)
             serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
@@ -202,6 +205,19 @@ class ControlService:
         ``reason`` says what failed (Triton's load, or reading the replicas' files)."""
         if version.role == CANARY:
             self.rollouts.rollback(version.name, reason)
+
+    def _publish_again_if_restarted(self) -> None:
+        """The ``ControlState`` actor restarted (its node lost, say): it is empty, so give
+        it the table again; replicas route by their last one meanwhile."""
+        import ray
+
+        if self._published is None:
+            return
+        epoch, served = self._published
+        if ray.get(self._state.current_epoch.remote(), timeout=10) != epoch:
+            log.warning("the control state actor restarted; publishing the traffic table again")
+            with self.lock:
+                self._deploy(served)
 
     def _publish_shadow_tests(self) -> None:
         """Where each shadow stage's sequential tests stand, for the rollout dashboard; a

@@ -7,37 +7,58 @@ unloads old versions from Triton, and what canary analysis reads. Re-deploying t
 application for a table change would restart the replicas instead (Ray Serve gives every
 imperative deploy a new code version) and wait out their drain period, ~35 s with the
 HAProxy ingress.
+
+The actor is no single point of failure: Ray restarts it (``max_restarts=-1``), on
+another node if its own is lost, and calls made meanwhile are retried. A restarted
+actor starts empty under a new ``epoch``: replicas keep routing by the table they have
+until the control plane publishes again, which it does as soon as it sees the epoch
+change (``ControlService.run_due``), and replicas take the first table of a new epoch
+whatever its number. Their counters are cumulative, so the first report of each replica
+after a restart gives the canary analysis everything back. The control plane creates
+the actor on its own node (soft affinity: elsewhere if that node is gone).
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 STATE_ACTOR = "infergate-control"
 STATE_NAMESPACE = "infergate"
 REPLICA_SILENT_AFTER_S = 10.0  # a replica not heard from for this long is gone
 
 
-@ray.remote(num_cpus=0)
+Table = tuple[str, int, list[dict[str, Any]]]  # epoch, version, served versions
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class ControlState:
     """The traffic table the control plane published, and what each replica reports."""
 
     def __init__(self) -> None:
+        self.epoch = uuid.uuid4().hex  # new at every (re)start
         self.version = 0
         self.served: list[dict[str, Any]] = []
         self.reports: dict[str, tuple[float, int, dict[str, dict]]] = {}
 
-    def publish(self, served: list[dict[str, Any]]) -> int:
+    def current_epoch(self) -> str:
+        return self.epoch
+
+    def publish(self, served: list[dict[str, Any]]) -> tuple[str, int]:
+        """Publish ``served``; its ``(epoch, version)``."""
         self.version += 1
         self.served = served
-        return self.version
+        return self.epoch, self.version
 
-    def table(self, known: int) -> tuple[int, list[dict[str, Any]]] | None:
-        """The table if it is newer than ``known``; None otherwise (the common case)."""
-        return (self.version, self.served) if self.version > known else None
+    def table(self, epoch: str, known: int) -> Table | None:
+        """The table if it is newer than the version ``known`` of ``epoch`` (or of any
+        other epoch, once published in this one); None otherwise (the common case)."""
+        newer = self.version > known if epoch == self.epoch else self.version > 0
+        return (self.epoch, self.version, self.served) if newer else None
 
     def report(self, replica: str, table_version: int, counters: dict[str, dict]) -> int:
         """Take a replica's report; the replicas heard from lately (they share each API
@@ -57,7 +78,14 @@ class ControlState:
 
 
 def control_state() -> ray.actor.ActorHandle:
-    """The cluster's ``ControlState``, created on first use."""
+    """The cluster's ``ControlState``, created on first use on this node if it can be."""
+    options: dict[str, Any] = {}
+    try:
+        node = ray.get_runtime_context().get_node_id()
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+    except Exception:  # a driver that cannot say its node (Ray Client): anywhere
+        pass
     return ControlState.options(
-        name=STATE_ACTOR, namespace=STATE_NAMESPACE, lifetime="detached", get_if_exists=True
-    ).remote()
+        name=STATE_ACTOR, namespace=STATE_NAMESPACE, lifetime="detached", get_if_exists=True,
+        **options,
+    ).remote()  # fmt: skip
