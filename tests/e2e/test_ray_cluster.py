@@ -212,6 +212,7 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "INFERGATE_SERVE__EXTERNAL": "true", "RAY_ADDRESS": cluster.client,
         "INFERGATE_TRITON__EXTERNAL_HOST": gateway, "INFERGATE_MLFLOW__TRACKING_URI": mlflow,
         "INFERGATE_PROMETHEUS__ENABLED": "false",
+        "INFERGATE_SERVE__EXTERNAL_URL": f"http://{gateway}:{cluster.http_port}",
     })  # fmt: skip
     try:
         wait_for(lambda: _answers_health(mlflow), 120, "MLflow")
@@ -244,6 +245,10 @@ def test_replicas_on_both_nodes_serve_what_the_control_plane_publishes(cluster, 
     with httpx.Client(base_url=stack.url, timeout=30) as http:
         wait_for(lambda: _predict(http).status_code == 200, 120, f"{MODEL} served")
     assert cluster.replica_nodes() == sorted([cluster.host.gateway, cluster.host.address])
+    # What `up` prints as the inference address is the cluster's ingress, which answers.
+    printed = json.loads((stack.state_dir / "stack.json").read_text())["inference"]
+    assert printed == f"http://{cluster.host.gateway}:{cluster.http_port}"
+    assert httpx.get(f"{printed}/readyz", timeout=10).status_code == 200
     # The worker node's own ingress answers too: the table reached its replica. The
     # head's first 200 may have come from the head's replica while the worker's was still
     # reading the version's files (it answers 503, "still loading", meanwhile).
@@ -340,3 +345,7 @@ def test_a_lost_worker_node_costs_no_request_and_gets_its_replica_back(cluster, 
     )
     assert statuses == [200] and slowest < 10.0
     assert cluster.replica_nodes() == sorted([cluster.host.gateway, cluster.host.address])
+    # What `up` prints as the inference address is the cluster's ingress, which answers.
+    printed = json.loads((stack.state_dir / "stack.json").read_text())["inference"]
+    assert printed == f"http://{cluster.host.gateway}:{cluster.http_port}"
+    assert httpx.get(f"{printed}/readyz", timeout=10).status_code == 200

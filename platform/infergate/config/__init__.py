@@ -212,6 +212,11 @@ class ServeSettings(Frozen):
         "infergate.serve_app:build_app): join that cluster through RAY_ADDRESS and only "
         "publish traffic tables to it.",
     )
+    external_url: str | None = Field(
+        None,
+        description="With external: the address clients call (the cluster's Serve ingress, "
+        "e.g. the RayService's serve Service), which `up` prints; unset, `up` prints none.",
+    )
     max_ongoing_requests: int = Field(256, ge=1, description="Per front-end replica.")
     access_log: bool = Field(
         False,

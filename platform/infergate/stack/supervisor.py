@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infergate.config import PROJECT_ROOT, StackConfig
+from infergate.config import PROJECT_ROOT, ServeSettings, StackConfig
 from infergate.control.service import ControlService, triton_repository
 from infergate.errors import StackError
 from infergate.registry import Registry
@@ -218,7 +218,7 @@ class Stack:
         served = self.control.serving if self.control else {}
         endpoints = {
             "pid": os.getpid(),
-            "inference": f"http://{c.serve.host}:{c.serve.port}",
+            "inference": inference_address(c.serve),
             "admin": c.admin.url,
             "mlflow": c.mlflow.uri,
             "triton_grpc": c.triton.grpc_url,
@@ -358,3 +358,11 @@ def stop_running(state_dir: Path, timeout_s: float = 60.0) -> bool:
             return True
         time.sleep(0.25)
     raise StackError(f"the stack (pid {pid}) did not stop within {timeout_s:.0f} s")
+
+
+def inference_address(serve: ServeSettings) -> str:
+    """Where clients call the front-end: this stack's ingress, or with ``serve.external``
+    the cluster's, which only ``serve.external_url`` can tell (no ingress listens here)."""
+    if not serve.external:
+        return f"http://{serve.host}:{serve.port}"
+    return serve.external_url or "the Ray cluster's Serve ingress (set serve.external_url)"
