@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from starlette.responses import Response
 
 from infergate import __version__, tasks
@@ -67,9 +68,6 @@ OUTPUTS = {
 OCTET_STREAM = "application/octet-stream"
 # binary_data_output is the extension's; normalize is the predict endpoint's.
 PARAMETERS = {"binary_data_output": bool, "normalize": bool}
-REQUEST_KEYS = frozenset({"id", "inputs", "outputs", "parameters"})
-INPUT_KEYS = frozenset({"name", "shape", "datatype", "data", "parameters"})
-OUTPUT_KEYS = frozenset({"name", "parameters"})
 EXAMPLE = '{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}'
 
 
@@ -77,6 +75,118 @@ EXAMPLE = '{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data
 class RequestedOutput:
     name: str
     binary: bool  # in the binary part of the body, rather than as JSON "data"
+
+
+@dataclass(frozen=True)
+class InferContext:
+    """What an infer request is checked against beside its JSON: the limits, the
+    model's outputs, and the binary tensors after the JSON header (None: the body is
+    all JSON)."""
+
+    limits: Limits
+    outputs: Sequence[str]
+    binary: bytes | None = None
+
+
+# -- the request, declared once: the OpenAPI document's schema and what parse_infer reads --
+
+
+class V2InputTensor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="Always 'text'.", examples=["text"])
+    shape: list[int] = Field(description="[n] (or [n, 1]) for n texts.", examples=[[2]])
+    datatype: str = Field(description="Always 'BYTES'.", examples=["BYTES"])
+    data: list[str] | None = Field(
+        None, description="The texts, row-major; absent when they follow as binary data."
+    )
+    parameters: dict[str, int] = Field(
+        default_factory=dict,
+        description="'binary_data_size': bytes of this tensor in the binary part of the body.",
+    )
+
+
+class V2RequestedOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="probabilities or label (text-classification), embedding.")
+    parameters: dict[str, bool] = Field(
+        default_factory=dict, description="'binary_data': return it as binary data."
+    )
+
+
+# Declared as wire.Body's subclasses are, without being one: beside the limits, its check
+# needs the model's outputs and the binary tensors after the JSON (an InferContext), and
+# its messages name the part of the request at fault. Those tensors are bytes, not JSON,
+# so check decodes them by hand (infergate.protocols.v2_binary).
+class V2InferRequest(BaseModel):
+    """The infer request: this JSON, or with the binary tensor data extension this JSON
+    as a header followed by the tensors' bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = Field(None, description="Returned in the response.")
+    inputs: list[V2InputTensor] = Field(description="One input, 'text'.")
+    outputs: list[V2RequestedOutput] | None = Field(
+        None, description="The outputs to return; all of the model's by default."
+    )
+    parameters: dict[str, bool] = Field(
+        default_factory=dict,
+        description="'binary_data_output': every output as binary data; 'normalize' (default "
+        "true, feature-extraction only).",
+    )
+
+    @classmethod
+    def read(cls, header: bytes, context: InferContext) -> V2InferRequest:
+        """The request whose JSON is ``header``, or a typed error naming what was wrong."""
+        payload = load_json(header, EXAMPLE)
+        if not isinstance(payload, dict):
+            raise InvalidInput(
+                f"expected a JSON object such as {EXAMPLE}, got {json_type(payload)}"
+            )
+        try:
+            return cls.model_validate(payload, context=context)
+        except ValidationError as error:  # what ``check`` let through: never a 500
+            raise InvalidInput(f"invalid body: {error.errors()[0]['msg']}") from None
+
+    @classmethod
+    def check(cls, payload: dict[str, Any], context: InferContext) -> dict[str, Any]:
+        """``payload`` checked, as the all-JSON request it amounts to: the input's texts
+        in its ``data`` (wherever they came), each output to return named with its
+        ``binary_data``, and in ``parameters`` the model's alone; or a typed error."""
+        _no_unknown_keys(payload, frozenset(cls.model_fields), "the request")
+        request_id = payload.get("id")
+        if request_id is not None and not isinstance(request_id, str):
+            raise InvalidInput(f"'id' must be a string, got {json_type(request_id)}")
+        parameters = dict(check_parameters(payload.get("parameters"), PARAMETERS))
+        binary_default = parameters.pop("binary_data_output", False)
+        tensor = _input_tensor(payload.get("inputs"), context.binary, context.limits)
+        requested = _requested_outputs(payload.get("outputs"), context.outputs, binary_default)
+        return {
+            "id": request_id,
+            "inputs": [tensor],
+            "outputs": [
+                {"name": output.name, "parameters": {"binary_data": output.binary}}
+                for output in requested
+            ],
+            "parameters": parameters,
+        }
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checked(cls, payload: Any, info: ValidationInfo) -> Any:
+        if isinstance(info.context, InferContext):
+            return cls.check(payload, info.context)
+        return payload
+
+    @property
+    def texts(self) -> list[str]:
+        return self.inputs[0].data or []
+
+    @property
+    def requested(self) -> tuple[RequestedOutput, ...]:
+        """The outputs to return, in order."""
+        return tuple(
+            RequestedOutput(output.name, output.parameters["binary_data"])
+            for output in self.outputs or ()
+        )
 
 
 # -- metadata --------------------------------------------------------------------------
@@ -156,23 +266,16 @@ def parse_infer(
         )
     check_body_size(body, limits)
     header, binary = split(body, header_length)
-    payload = load_json(header, EXAMPLE)
-    if not isinstance(payload, dict):
-        raise InvalidInput(f"expected a JSON object such as {EXAMPLE}, got {json_type(payload)}")
-    _no_unknown_keys(payload, REQUEST_KEYS, "the request")
-    request_id = payload.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise InvalidInput(f"'id' must be a string, got {json_type(request_id)}")
-    parameters = dict(check_parameters(payload.get("parameters"), PARAMETERS))
-    binary_default = parameters.pop("binary_data_output", False)
-    texts = _input_texts(payload.get("inputs"), binary, limits)
-    requested = _requested_outputs(payload.get("outputs"), outputs, binary_default)
+    request = V2InferRequest.read(header, InferContext(limits, outputs, binary))
     return PredictRequest(
-        texts=texts, parameters=parameters, extra={"id": request_id, "outputs": requested}
+        texts=request.texts,
+        parameters=request.parameters,
+        extra={"id": request.id, "outputs": request.requested},
     )
 
 
-def _input_texts(inputs: Any, binary: bytes | None, limits: Limits) -> list[str]:
+def _input_tensor(inputs: Any, binary: bytes | None, limits: Limits) -> dict[str, Any]:
+    """The one input, its texts (from JSON or the binary part) checked, as JSON data."""
     if inputs is None:
         raise InvalidInput(f"field 'inputs' is missing; expected {EXAMPLE}")
     if not isinstance(inputs, list) or not inputs:
@@ -190,7 +293,7 @@ def _input_texts(inputs: Any, binary: bytes | None, limits: Limits) -> list[str]
         raise InvalidInput(f"input {INPUT!r} is given {len(inputs)} times; send it once")
     tensor = inputs[0]
     where = f"input {INPUT!r}"
-    _no_unknown_keys(tensor, INPUT_KEYS, where)
+    _no_unknown_keys(tensor, frozenset(V2InputTensor.model_fields), where)
     if tensor.get("datatype") != "BYTES":
         raise InvalidInput(
             f"{where} has datatype {tensor.get('datatype')!r}; it takes 'BYTES' (UTF-8 texts)"
@@ -227,7 +330,8 @@ def _input_texts(inputs: Any, binary: bytes | None, limits: Limits) -> list[str]
         raise InvalidInput(
             f"{where} has shape {tensor['shape']} ({count} elements) but its data holds {held}"
         )
-    return check_texts(elements, limits, where, lambda index: f"{where} element {index}")
+    texts = check_texts(elements, limits, where, lambda index: f"{where} element {index}")
+    return {"name": INPUT, "shape": tensor["shape"], "datatype": "BYTES", "data": texts}
 
 
 def _row_count(shape: Any, where: str, limits: Limits) -> int:
@@ -297,7 +401,7 @@ def _requested_outputs(
     for index, output in enumerate(requested):
         if not isinstance(output, dict):
             raise InvalidInput(f"'outputs[{index}]' must be an object, got {json_type(output)}")
-        _no_unknown_keys(output, OUTPUT_KEYS, f"'outputs[{index}]'")
+        _no_unknown_keys(output, frozenset(V2RequestedOutput.model_fields), f"'outputs[{index}]'")
         name = output.get("name")
         if not isinstance(name, str) or name not in outputs:
             raise InvalidInput(
