@@ -14,7 +14,6 @@ from pydantic import BaseModel
 from infergate import __version__
 from infergate.observe.metrics import STAGES
 from infergate.protocols import schemas
-from infergate.protocols.kserve_v2 import V2InferRequest
 from infergate.protocols.openai_api import EmbeddingsBody
 from infergate.protocols.rerank import RerankBody, TeiRerankBody
 from infergate.protocols.routes import Route
@@ -33,6 +32,7 @@ from infergate.protocols.schemas import (
     V2ModelMetadata,
     V2ServerMetadata,
 )
+from infergate.protocols.v2_request import V2InferRequest
 from infergate.protocols.wire import PredictBody
 
 BINARY_BODY = {

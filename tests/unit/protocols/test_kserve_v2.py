@@ -17,14 +17,8 @@ from infergate.config import FrontendSettings
 from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
 from infergate.protocols import schemas
 from infergate.protocols.frontend import ROUTES, Frontend, openapi_document
-from infergate.protocols.kserve_v2 import (
-    OUTPUTS,
-    RequestedOutput,
-    V2InferRequest,
-    check_infer_content_type,
-    model_metadata,
-    parse_infer,
-)
+from infergate.protocols.kserve_v2 import OUTPUTS, check_infer_content_type, model_metadata
+from infergate.protocols.v2_request import RequestedOutput, V2InferRequest, parse_infer
 from infergate.protocols.wire import Limits
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import ModelRuntime
