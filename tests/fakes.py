@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from starlette.requests import Request
 
-from infergate.errors import RegistrationError
+from infergate.errors import ModelNotFound, RegistrationError
 from infergate.observe.counters import ShadowCounters
 from infergate.serving.runtime import Prediction, Timings
 from infergate.versions import SPEC_FILE, ServedVersion
@@ -263,6 +264,9 @@ class MemoryRegistry:
 
     A model's versions come from one run, ``run-1`` until it is registered again; a version
     has its model's task unless ``tasks`` says otherwise; version tags are kept by version.
+    ``register`` (what ``infergate register`` calls) keeps each new version's files,
+    copied under ``files``/name/version, and its run's metrics, params and tags in
+    ``registered``.
     """
 
     def __init__(self, *models: RegisteredModel, files: Path | None = None) -> None:
@@ -271,12 +275,41 @@ class MemoryRegistry:
         self.tasks: dict[tuple[str, str], str] = {}  # versions of another task than their model
         self.version_tags: dict[tuple[str, str], dict[str, str]] = {}
         self.files = files
+        self.registered: dict[tuple[str, str], dict[str, Any]] = {}
 
     def models(self) -> list[RegisteredModel]:
         return list(self._models.values())
 
     def model(self, name: str) -> RegisteredModel:
+        if name not in self._models:
+            raise ModelNotFound(f"model {name!r} is not in the registry")
         return self._models[name]
+
+    def register(
+        self,
+        name: str,
+        task: str,
+        files: Path,
+        *,
+        metrics: Mapping[str, float],
+        params: Mapping[str, str],
+        tags: Mapping[str, str],
+        alias: str | None = None,
+    ) -> str:
+        from infergate.registry import RegisteredModel
+
+        if self.files is None:
+            raise FileNotFoundError("this registry keeps no artifacts: give it a folder")
+        model = self._models.setdefault(name, RegisteredModel(name, task, {}, {}))
+        self._runs.setdefault(name, "run-1")
+        version = str(1 + sum(1 for named, _ in self.registered if named == name))
+        kept = shutil.copytree(files, self.files / name / version)
+        self.registered[name, version] = {
+            "files": kept, "metrics": dict(metrics), "params": dict(params), "tags": dict(tags)
+        }  # fmt: skip
+        if alias:
+            model.aliases[alias] = version
+        return version
 
     def version_source(self, name: str, version: str) -> str:
         return f"runs:/{self._runs[name]}/{name}/{version}"

@@ -104,17 +104,6 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningT
         stop_process(triton.process)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """test_readme.py first among the end-to-end tests: the README shows a fresh
-    `up --demo` stack (its model lists, version 1 of the demo models), and the other
-    modules register models of their own on the session stack."""
-    here = Path(__file__).parent
-    readme = [item for item in items if item.path == here / "test_readme.py"]
-    rest = [item for item in items if item.path != here / "test_readme.py"]
-    first = next((i for i, item in enumerate(rest) if item.path.parent == here), len(rest))
-    items[:] = [*rest[:first], *readme, *rest[first:]]
-
-
 # -- the whole stack, once per test session ---------------------------------------------
 
 RECONCILE_INTERVAL_S = 30

@@ -6,9 +6,11 @@ would type them; what each prints is compared with what its page says it prints
 Each block runs in a folder of its own where ``.venv`` is this interpreter's environment
 and ``path/to/hf-model-folder`` (and ``new-``) are tiny classifiers, with the session
 stack's addresses in place of the default ones. The README's blocks show a fresh
-``up --demo`` stack (its model lists), so conftest.py runs this module before the other
-e2e modules; the docs pages' own model, ``reviews`` (registered in docs/registration.md,
-rolled out in docs/canary-rollouts.md), is left served with no rollout running."""
+``up --demo`` stack (its model lists): the modules that ran before on the session stack
+registered models of their own, so the ``readme`` fixture takes those off first, whatever
+the order the modules run in. The docs pages' own model, ``reviews`` (registered in
+docs/registration.md, rolled out in docs/canary-rollouts.md), is left served with no
+rollout running."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
-from conftest import Stack
+from conftest import Stack, wait_for
+from mlflow import MlflowClient
 
 from readme_blocks import ROOT, Block, bash_commands, output_mismatch, printed_comments
 from readme_blocks import readme_blocks as read_readme_blocks
@@ -26,6 +30,9 @@ from tiny_models import tiny_bert
 pytestmark = pytest.mark.e2e
 BLOCKS = [block for block in read_readme_blocks() if block.runs]
 MODEL_FOLDERS = {"path/to/hf-model-folder": 0, "path/to/new-hf-model-folder": 1}  # and seeds
+# What a fresh `up --demo` stack serves (infergate.registration.demo), as the README shows it.
+DEMO_MODELS = ("embed", "ner", "sentiment")
+DEMO_ALIASES = {"champion": "1"}
 # One print call's output ends with this (see PRINT_HOOK).
 END_OF_PRINT = "\x1e"
 PRINT_HOOK = f"""\
@@ -50,9 +57,43 @@ def default_addresses(stack: Stack) -> dict[str, str]:
     }
 
 
+def serve_the_demo_models_alone(stack: Stack) -> None:
+    """Bring the session stack back to what `up --demo` served: every other model loses
+    its aliases (a rollout running ends), so nothing serves it, and each demo model has
+    version 1 as champion and no canary; then wait until the front-end serves that."""
+    client = MlflowClient(stack.mlflow)
+    for model in client.search_registered_models(max_results=1000):
+        wanted = DEMO_ALIASES if model.name in DEMO_MODELS else {}
+        for alias, version in model.aliases.items():
+            if wanted.get(alias) != version:
+                client.delete_registered_model_alias(model.name, alias)
+        for alias, version in wanted.items():
+            if model.aliases.get(alias) != version:
+                client.set_registered_model_alias(model.name, alias, version)
+    demo = [
+        {"name": name, "versions": [{"version": "1", "role": "champion", "weight": 100}]}
+        for name in DEMO_MODELS
+    ]
+
+    def served_alone(http: httpx.Client) -> bool:
+        listed = http.get("/v1/models").json().get("models", [])
+        shown = [{"name": m["name"], "versions": m["versions"]} for m in listed]
+        ready = http.get("/readyz")
+        return (
+            shown == demo
+            and ready.status_code == 200
+            and ready.json()["models"] == [m["name"] for m in demo]
+        )
+
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        # Several answers in a row: each front-end replica has taken the new table.
+        wait_for(lambda: all(served_alone(http) for _ in range(5)), 180, "the demo models alone")
+
+
 @pytest.fixture(scope="module")
 def readme(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder the blocks run in."""
+    """The folder the blocks run in, on a stack serving the demo models alone."""
+    serve_the_demo_models_alone(stack)
     folder = tmp_path_factory.mktemp("readme")
     (folder / ".venv").symlink_to(Path(sys.executable).parents[1])
     for path, seed in MODEL_FOLDERS.items():

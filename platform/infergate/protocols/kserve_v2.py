@@ -17,14 +17,13 @@ tensors of one text input; their models are refused here with a message naming t
 own endpoint.
 
 Protocol: https://github.com/kserve/open-inference-protocol/blob/main/specification/protocol/inference_rest.md
-The binary tensor data extension: ``infergate.protocols.v2_binary``.
+The request, declared once: ``infergate.protocols.v2_request``; the binary tensor data
+extension: ``infergate.protocols.v2_binary``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,21 +31,10 @@ import orjson
 from starlette.responses import Response
 
 from infergate import __version__, tasks
-from infergate.errors import InvalidInput, MalformedBody, UnsupportedMediaType
-from infergate.protocols.v2_binary import HEADER_LENGTH, binary_elements, split, to_binary
-from infergate.protocols.wire import (
-    Answer,
-    Limits,
-    Parse,
-    PredictRequest,
-    check_body_size,
-    check_content_type,
-    check_parameters,
-    check_text_count,
-    check_texts,
-    json_type,
-    load_json,
-)
+from infergate.errors import InvalidInput, UnsupportedMediaType
+from infergate.protocols.v2_binary import HEADER_LENGTH, to_binary
+from infergate.protocols.v2_request import INPUT, parse_infer
+from infergate.protocols.wire import Answer, Limits, Parse, PredictRequest, check_content_type
 
 if TYPE_CHECKING:
     from infergate.serving.runtime import ModelRuntime
@@ -56,7 +44,6 @@ EXTENSIONS = ("binary_tensor_data",)
 # The front-end tokenizes and post-processes around an ONNX graph Triton runs: the
 # model's inputs and outputs are the pipeline's, not the graph's.
 PLATFORM = "infergate"
-INPUT = "text"
 # The output tensors of each task served here (infergate.tasks), text-classification
 # first, as the refusal of the other tasks has always named them.
 OUTPUTS = {
@@ -65,18 +52,6 @@ OUTPUTS = {
     if task.v2_outputs
 }
 OCTET_STREAM = "application/octet-stream"
-# binary_data_output is the extension's; normalize is the predict endpoint's.
-PARAMETERS = {"binary_data_output": bool, "normalize": bool}
-REQUEST_KEYS = frozenset({"id", "inputs", "outputs", "parameters"})
-INPUT_KEYS = frozenset({"name", "shape", "datatype", "data", "parameters"})
-OUTPUT_KEYS = frozenset({"name", "parameters"})
-EXAMPLE = '{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}'
-
-
-@dataclass(frozen=True)
-class RequestedOutput:
-    name: str
-    binary: bool  # in the binary part of the body, rather than as JSON "data"
 
 
 # -- metadata --------------------------------------------------------------------------
@@ -138,210 +113,6 @@ def infer_parser(task: str | None, headers: Mapping[str, str]) -> Parse:
         return parse_infer(body, limits, outputs, header_length, encoding)
 
     return parse
-
-
-def parse_infer(
-    body: bytes,
-    limits: Limits,
-    outputs: Sequence[str],
-    header_length: str | None = None,
-    content_encoding: str | None = None,
-) -> PredictRequest:
-    """The texts of an infer request, its parameters for the model, and in ``extra`` its
-    ``id`` and ``outputs`` (``RequestedOutput``s among ``outputs``, the model's). A binary
-    body has a JSON header of ``header_length`` bytes, then the binary tensors."""
-    if content_encoding and content_encoding.strip().lower() != "identity":
-        raise UnsupportedMediaType(
-            f"content-encoding {content_encoding!r} is not supported; send the body uncompressed"
-        )
-    check_body_size(body, limits)
-    header, binary = split(body, header_length)
-    payload = load_json(header, EXAMPLE)
-    if not isinstance(payload, dict):
-        raise InvalidInput(f"expected a JSON object such as {EXAMPLE}, got {json_type(payload)}")
-    _no_unknown_keys(payload, REQUEST_KEYS, "the request")
-    request_id = payload.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise InvalidInput(f"'id' must be a string, got {json_type(request_id)}")
-    parameters = dict(check_parameters(payload.get("parameters"), PARAMETERS))
-    binary_default = parameters.pop("binary_data_output", False)
-    texts = _input_texts(payload.get("inputs"), binary, limits)
-    requested = _requested_outputs(payload.get("outputs"), outputs, binary_default)
-    return PredictRequest(
-        texts=texts, parameters=parameters, extra={"id": request_id, "outputs": requested}
-    )
-
-
-def _input_texts(inputs: Any, binary: bytes | None, limits: Limits) -> list[str]:
-    if inputs is None:
-        raise InvalidInput(f"field 'inputs' is missing; expected {EXAMPLE}")
-    if not isinstance(inputs, list) or not inputs:
-        got = "an empty list" if inputs == [] else json_type(inputs)
-        raise InvalidInput(f"'inputs' must be a list holding the input {INPUT!r}, got {got}")
-    for index, tensor in enumerate(inputs):
-        if not isinstance(tensor, dict):
-            raise InvalidInput(f"'inputs[{index}]' must be an object, got {json_type(tensor)}")
-        if tensor.get("name") != INPUT:
-            raise InvalidInput(
-                f"unknown input {tensor.get('name')!r} in 'inputs[{index}]'; the model takes "
-                f"one input, {INPUT!r}"
-            )
-    if len(inputs) > 1:
-        raise InvalidInput(f"input {INPUT!r} is given {len(inputs)} times; send it once")
-    tensor = inputs[0]
-    where = f"input {INPUT!r}"
-    _no_unknown_keys(tensor, INPUT_KEYS, where)
-    if tensor.get("datatype") != "BYTES":
-        raise InvalidInput(
-            f"{where} has datatype {tensor.get('datatype')!r}; it takes 'BYTES' (UTF-8 texts)"
-        )
-    count = _row_count(tensor.get("shape"), where, limits)
-    size = _binary_size(tensor.get("parameters"), where)
-    if size is None:
-        if binary:
-            raise MalformedBody(
-                f"the body has {len(binary)} bytes after its JSON header but no input "
-                "declares 'binary_data_size'"
-            )
-        if "data" not in tensor:
-            raise InvalidInput(f"{where} has no 'data'; send its texts, e.g. {EXAMPLE}")
-        elements = _json_elements(tensor["data"], count, where)
-    else:
-        if "data" in tensor:
-            raise InvalidInput(
-                f"{where} has both 'data' and parameter 'binary_data_size'; send one of them"
-            )
-        if binary is None:
-            raise MalformedBody(
-                f"{where} declares binary_data_size but the request has no {HEADER_LENGTH} "
-                "header to say where the JSON ends and the binary data begins"
-            )
-        if size != len(binary):
-            raise MalformedBody(
-                f"{where} declares binary_data_size {size} but the body has {len(binary)} "
-                "bytes after its JSON header"
-            )
-        elements = binary_elements(binary, count, where)
-    if len(elements) != count:
-        held = len(elements) if len(elements) <= count else f"more than {count}"
-        raise InvalidInput(
-            f"{where} has shape {tensor['shape']} ({count} elements) but its data holds {held}"
-        )
-    return check_texts(elements, limits, where, lambda index: f"{where} element {index}")
-
-
-def _row_count(shape: Any, where: str, limits: Limits) -> int:
-    """The number of texts a ``[n]`` or ``[n, 1]`` shape holds."""
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
-        raise InvalidInput(
-            f"{where} has shape {shape!r}; expected a list of non-negative integers, "
-            "[n] for n texts"
-        )
-    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
-        raise InvalidInput(f"{where} has shape {shape}; expected [n] (or [n, 1]) for n texts")
-    count = math.prod(shape)
-    check_text_count(count, limits, where)  # before its data is read
-    return count
-
-
-def _binary_size(parameters: Any, where: str) -> int | None:
-    if parameters is None:
-        return None
-    if not isinstance(parameters, dict):
-        raise InvalidInput(f"{where}'s 'parameters' must be an object, got {json_type(parameters)}")
-    for key in parameters:
-        if key.startswith("shared_memory"):
-            raise InvalidInput(
-                f"{where} uses {key!r}; shared memory is not offered, send the data in the body"
-            )
-        if key != "binary_data_size":
-            raise InvalidInput(f"unknown parameter {key!r} of {where}; known: 'binary_data_size'")
-    size = parameters.get("binary_data_size")
-    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
-        raise InvalidInput(
-            f"{where}'s binary_data_size must be a non-negative integer, got {size!r}"
-        )
-    return size
-
-
-def _json_elements(data: Any, limit: int, where: str) -> list[Any]:
-    """The elements of JSON tensor data, flat or nested row-major; at most ``limit`` + 1
-    are taken (enough to tell the shape was wrong)."""
-    if not isinstance(data, list):
-        raise InvalidInput(f"{where}'s 'data' must be a list of strings, got {json_type(data)}")
-    flat: list[Any] = []
-    stack = [iter(data)]
-    while stack and len(flat) <= limit:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                stack.append(iter(item))
-                break
-            flat.append(item)
-            if len(flat) > limit:
-                break
-        else:
-            stack.pop()
-    return flat
-
-
-def _requested_outputs(
-    requested: Any, outputs: Sequence[str], binary_default: bool
-) -> tuple[RequestedOutput, ...]:
-    if requested is None or requested == []:
-        return tuple(RequestedOutput(name, binary_default) for name in outputs)
-    if not isinstance(requested, list):
-        raise InvalidInput(f"'outputs' must be a list of objects, got {json_type(requested)}")
-    chosen: dict[str, RequestedOutput] = {}
-    for index, output in enumerate(requested):
-        if not isinstance(output, dict):
-            raise InvalidInput(f"'outputs[{index}]' must be an object, got {json_type(output)}")
-        _no_unknown_keys(output, OUTPUT_KEYS, f"'outputs[{index}]'")
-        name = output.get("name")
-        if not isinstance(name, str) or name not in outputs:
-            raise InvalidInput(
-                f"unknown output {name!r} in 'outputs[{index}]'; the model's outputs are "
-                f"{list(outputs)}"
-            )
-        if name in chosen:
-            raise InvalidInput(f"output {name!r} is requested twice; request it once")
-        chosen[name] = RequestedOutput(name, _binary_choice(output, name, binary_default))
-    return tuple(chosen.values())
-
-
-def _binary_choice(output: dict[str, Any], name: str, binary_default: bool) -> bool:
-    parameters = output.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidInput(
-            f"output {name!r}'s 'parameters' must be an object, got {json_type(parameters)}"
-        )
-    for key in parameters:
-        if key == "classification":
-            raise InvalidInput(
-                "the classification extension is not offered; request the outputs "
-                "'label' and 'probabilities'"
-            )
-        if key.startswith("shared_memory"):
-            raise InvalidInput(f"output {name!r} uses {key!r}; shared memory is not offered")
-        if key != "binary_data":
-            raise InvalidInput(
-                f"unknown parameter {key!r} of output {name!r}; known: 'binary_data'"
-            )
-    binary = parameters.get("binary_data", binary_default)
-    if not isinstance(binary, bool):
-        raise InvalidInput(
-            f"output {name!r}'s binary_data must be a boolean, got {json_type(binary)}"
-        )
-    return binary
-
-
-def _no_unknown_keys(value: dict[str, Any], allowed: frozenset[str], where: str) -> None:
-    unknown = sorted(set(value) - allowed)
-    if unknown:
-        raise InvalidInput(
-            f"unknown field(s) {unknown} in {where}; allowed fields are {sorted(allowed)}"
-        )
 
 
 # -- responses -------------------------------------------------------------------------

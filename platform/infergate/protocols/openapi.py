@@ -1,7 +1,7 @@
 """The OpenAPI document of the HTTP API, generated from what is declared once elsewhere:
 the route table (``infergate.protocols.frontend.ROUTES``, each route with its operation
 from here), the request bodies each protocol parses with (``PredictBody``,
-``EmbeddingsBody``, ``RerankBody``...) and the answers' models
+``EmbeddingsBody``, ``RerankBody``, ``V2InferRequest``...) and the answers' models
 (``infergate.protocols.schemas``)."""
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from infergate.protocols.schemas import (
     PredictResponse,
     RerankResponse,
     RerankResult,
-    V2InferRequest,
     V2InferResponse,
     V2ModelMetadata,
     V2ServerMetadata,
 )
+from infergate.protocols.v2_request import V2InferRequest
 from infergate.protocols.wire import PredictBody
 
 BINARY_BODY = {
@@ -237,6 +237,13 @@ def _referenced(document: Any) -> list[type[BaseModel]]:
 
 _MODELS: dict[str, type[BaseModel]] = {
     value.__name__: value
-    for value in [*vars(schemas).values(), PredictBody, EmbeddingsBody, RerankBody, TeiRerankBody]
+    for value in [
+        *vars(schemas).values(),
+        PredictBody,
+        EmbeddingsBody,
+        RerankBody,
+        TeiRerankBody,
+        V2InferRequest,
+    ]
     if isinstance(value, type) and issubclass(value, BaseModel) and value is not BaseModel
 }

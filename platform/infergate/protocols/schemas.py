@@ -1,8 +1,7 @@
-"""The answers of the HTTP API as the OpenAPI document describes them, and the Open
-Inference Protocol's request, whose tensors ``infergate.protocols.kserve_v2`` reads by
-hand (JSON and the binary extension alike). The other requests are declared where they
-are parsed (``PredictBody``, ``EmbeddingsBody``, ``RerankBody``); the renderers build
-plain dicts for speed, and tests validate what each protocol renders against these."""
+"""The answers of the HTTP API as the OpenAPI document describes them. The requests are
+declared where they are parsed (``PredictBody``, ``EmbeddingsBody``, ``RerankBody``,
+``V2InferRequest``); the renderers build plain dicts for speed, and tests validate what
+each protocol renders against these."""
 
 from __future__ import annotations
 
@@ -132,39 +131,6 @@ class OpenAIErrorBody(BaseModel):
 
 
 # -- the Open Inference Protocol (KServe V2), infergate.protocols.kserve_v2 ------------------------
-
-
-class V2InputTensor(BaseModel):
-    name: str = Field(description="Always 'text'.", examples=["text"])
-    shape: list[int] = Field(description="[n] (or [n, 1]) for n texts.", examples=[[2]])
-    datatype: str = Field(description="Always 'BYTES'.", examples=["BYTES"])
-    data: list[str] | None = Field(
-        None, description="The texts, row-major; absent when they follow as binary data."
-    )
-    parameters: dict[str, int] = Field(
-        default_factory=dict,
-        description="'binary_data_size': bytes of this tensor in the binary part of the body.",
-    )
-
-
-class V2RequestedOutput(BaseModel):
-    name: str = Field(description="probabilities or label (text-classification), embedding.")
-    parameters: dict[str, bool] = Field(
-        default_factory=dict, description="'binary_data': return it as binary data."
-    )
-
-
-class V2InferRequest(BaseModel):
-    id: str | None = Field(None, description="Returned in the response.")
-    inputs: list[V2InputTensor] = Field(description="One input, 'text'.")
-    outputs: list[V2RequestedOutput] | None = Field(
-        None, description="The outputs to return; all of the model's by default."
-    )
-    parameters: dict[str, bool] = Field(
-        default_factory=dict,
-        description="'binary_data_output': every output as binary data; 'normalize' (default "
-        "true, feature-extraction only).",
-    )
 
 
 class V2OutputTensor(BaseModel):

@@ -17,13 +17,8 @@ from infergate.config import FrontendSettings
 from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
 from infergate.protocols import schemas
 from infergate.protocols.frontend import ROUTES, Frontend, openapi_document
-from infergate.protocols.kserve_v2 import (
-    OUTPUTS,
-    RequestedOutput,
-    check_infer_content_type,
-    model_metadata,
-    parse_infer,
-)
+from infergate.protocols.kserve_v2 import OUTPUTS, check_infer_content_type, model_metadata
+from infergate.protocols.v2_request import RequestedOutput, V2InferRequest, parse_infer
 from infergate.protocols.wire import Limits
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import ModelRuntime
@@ -601,10 +596,11 @@ def test_answers_fit_the_models_the_openapi_document_declares(client):
 
 @pytest.mark.parametrize("binary_input", [True, False])
 def test_what_tritonclient_sends_fits_the_request_the_document_declares(binary_input):
-    """V2's request is read by hand (its texts may follow as binary data), so the
-    document's model of it is checked against what the protocol's own client sends."""
+    """The document's model of V2's request is the one the front-end reads it with, its
+    texts taken from the binary part by hand: validated on its own (as the document
+    says it), it takes the JSON the protocol's own client sends."""
     body, headers = triton_request(["a", "b"], binary_input, outputs=[("label", True)])
     length = int(headers.get(HEADER, len(body)))
-    request = schemas.V2InferRequest.model_validate_json(body[:length])
+    request = V2InferRequest.model_validate_json(body[:length])
     assert request.inputs[0].name == "text" and request.inputs[0].shape == [2]
     assert (request.inputs[0].data is None) == binary_input
