@@ -14,7 +14,7 @@ from infergate.observe.monitor import Monitors
 from infergate.observe.telemetry import NullTelemetry
 from infergate.protocols.frontend import Frontend
 from infergate.registration import onnx_export
-from infergate.registration.pipeline import read_inputs, reference_queries, run_reference
+from infergate.registration.reference_texts import read_inputs, reference_queries, run_reference
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import ModelRuntime
 from infergate.serving.tokenization import TextTokenizer

@@ -11,7 +11,7 @@ import pytest
 from infergate.bench import ct2_ceiling
 from infergate.bench.measure import merge_ceiling_runs
 from infergate.registration import ct2_export
-from infergate.registration.pipeline import DEFAULT_REFERENCE_TEXTS, read_texts
+from infergate.registration.reference_texts import DEFAULT_REFERENCE_TEXTS, read_texts
 from tiny_models import tiny_marian
 
 

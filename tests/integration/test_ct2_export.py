@@ -12,7 +12,7 @@ import pytest
 
 from infergate.errors import RegistrationError
 from infergate.registration import ct2_export
-from infergate.registration.pipeline import DEFAULT_REFERENCE_TEXTS, read_texts
+from infergate.registration.reference_texts import DEFAULT_REFERENCE_TEXTS, read_texts
 from tiny_models import tiny_bart, tiny_bert, tiny_marian, tiny_t5
 
 TEXTS = read_texts(DEFAULT_REFERENCE_TEXTS)[:32]

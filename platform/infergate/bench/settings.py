@@ -26,9 +26,9 @@ import numpy as np
 
 from infergate.bench.ceiling import make_session
 from infergate.config import PROJECT_ROOT
-from infergate.registration.pipeline import DEFAULT_REFERENCE_TEXTS, read_texts
 from infergate.registration.quality import measure
 from infergate.registration.quantise import SETTINGS, convert
+from infergate.registration.reference_texts import DEFAULT_REFERENCE_TEXTS, read_texts
 from infergate.serving.tokenization import TextTokenizer
 
 BATCH = 32

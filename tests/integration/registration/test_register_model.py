@@ -13,7 +13,8 @@ import pytest
 
 from fakes import MemoryRegistry
 from infergate.errors import RegistrationError
-from infergate.registration.pipeline import DEFAULT_REFERENCE_TEXTS, describe, register_model
+from infergate.registration.pipeline import describe, register_model
+from infergate.registration.reference_texts import DEFAULT_REFERENCE_TEXTS
 from infergate.versions import PARITY_FILE, QUALITY_FILE, REFERENCE_FILE, SPEC_FILE
 from tiny_models import tiny_bert, tiny_marian
 

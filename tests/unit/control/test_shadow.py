@@ -10,7 +10,8 @@ import pytest
 from fakes import FakeClock, MemoryRegistry
 from infergate import tasks
 from infergate.control.policy import RolloutPolicy
-from infergate.control.rollouts import REPORT_CHARS, Rollouts, report_text
+from infergate.control.report import REPORT_CHARS, report_text
+from infergate.control.rollouts import Rollouts
 from infergate.control.shadow import Sprt, agreement_test, analyse_shadow, latency_test
 from infergate.errors import InvalidInput
 from infergate.observe.counters import ShadowCounters, VersionCounters
