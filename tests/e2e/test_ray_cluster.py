@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -293,12 +294,19 @@ def test_a_control_plane_restarted_mid_rollout_goes_on_with_it(stack):
                             "--admin-url", stack.admin)  # fmt: skip
         assert started.returncode == 0, started.stderr
         wait_for(lambda: _weights(http).get(canary) == 50, 60, "the rollout's first step")
+        at_kill = _rollout_tags(client)
         killed = time.monotonic()
         os.kill(_control_plane_pid(stack), signal.SIGKILL)
         time.sleep(2.0)  # the pod being replaced
         restarted = stack.cli("up", "--detach", timeout=300)
         assert restarted.returncode == 0, restarted.stderr[-3000:]
         up = time.monotonic()
+        # It goes on from the step it was at: the same step, begun when it began (not
+        # started afresh at 50 %), or the step after it if that one passed meanwhile.
+        after = _rollout_tags(client)
+        assert after.get("step") in (at_kill["step"], "1"), (at_kill, after)
+        if after.get("step") == at_kill["step"]:
+            assert after["step_started_at"] == at_kill["step_started_at"], (at_kill, after)
         wait_for(
             lambda: client.get_model_version_by_alias(MODEL, "champion").version == canary,
             120, "the canary promoted by the new control plane",
@@ -315,6 +323,23 @@ def test_a_control_plane_restarted_mid_rollout_goes_on_with_it(stack):
     assert set(versions) <= {champion, canary}
 
 
+def _serves(http: httpx.Client) -> bool:
+    """Whether a prediction through ``http``'s ingress gets its 200 (an ingress not up
+    yet refuses the connection)."""
+    try:
+        return _predict(http).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _rollout_tags(client: Any) -> dict[str, str]:
+    """The running rollout's state, as the registry keeps it (infergate.rollout.*)."""
+    prefix = "infergate.rollout."
+    tags = client.get_registered_model(MODEL).tags
+    return {k[len(prefix) :]: v for k, v in tags.items() if k.startswith(prefix) and
+            not k.startswith(prefix + "policy.")}  # fmt: skip
+
+
 def _control_plane_pid(stack: Stack) -> int:
     return int(json.loads((stack.state_dir / "stack.json").read_text())["pid"])
 
@@ -325,6 +350,12 @@ def _weights(http: httpx.Client) -> dict[str, int]:
 
 
 def test_a_lost_worker_node_costs_no_request_and_gets_its_replica_back(cluster, stack):
+    remote = f"http://{cluster.host.address}:{cluster.http_port}"  # the worker's ingress
+    with httpx.Client(base_url=remote, timeout=30) as worker:
+        # The worker's own ingress (which keeps requests on its node's replica) serves
+        # before the loss: the node lost is one that was serving.
+        wait_for(lambda: _serves(worker), 60, "the worker's ingress serving")
+        assert {_predict(worker).status_code for _ in range(20)} == {200}
     with httpx.Client(base_url=stack.url, timeout=30) as http, Load(lambda: _predict(http)) as load:
         time.sleep(2.0)
         lost = time.monotonic()
@@ -334,6 +365,10 @@ def test_a_lost_worker_node_costs_no_request_and_gets_its_replica_back(cluster, 
         back = time.monotonic()
         wait_for(lambda: len(cluster.replica_nodes()) == 2, 60, "the second replica again")
         rescheduled = time.monotonic() - back
+        # Back means serving: the new replica got the table, through its node's ingress.
+        with httpx.Client(base_url=remote, timeout=30) as worker:
+            wait_for(lambda: _serves(worker), 60, "the worker serving")
+        serving = time.monotonic() - back
         time.sleep(2.0)
     after = [a for a in load.answers if a[0] >= lost]
     statuses = sorted({s for _, _, s, _ in after})
@@ -341,11 +376,7 @@ def test_a_lost_worker_node_costs_no_request_and_gets_its_replica_back(cluster, 
     print(
         f"\nworker node lost under load: {len(after)} requests after it, statuses {statuses}, "
         f"slowest {slowest:.2f} s; node back after {back - lost:.1f} s, its replica "
-        f"{rescheduled:.1f} s later"
+        f"{rescheduled:.1f} s later, serving through its ingress {serving:.1f} s after it came"
     )
     assert statuses == [200] and slowest < 10.0
     assert cluster.replica_nodes() == sorted([cluster.host.gateway, cluster.host.address])
-    # What `up` prints as the inference address is the cluster's ingress, which answers.
-    printed = json.loads((stack.state_dir / "stack.json").read_text())["inference"]
-    assert printed == f"http://{cluster.host.gateway}:{cluster.http_port}"
-    assert httpx.get(f"{printed}/readyz", timeout=10).status_code == 200
