@@ -106,8 +106,11 @@ class PayloadLog:
         return self._draw() < self._rates.get(role or CHAMPION, 0.0)
 
     def add(self, payload: Payload) -> None:
-        """Hold ``payload`` for the next flush; never blocks on I/O."""
+        """Hold ``payload`` for the next flush; never blocks on I/O. A closed log (its
+        settings replaced while a mirror was under way) takes nothing more."""
         with self._lock:
+            if self._closed:
+                return
             if len(self._held) >= self._limit:
                 self.dropped += 1
                 return

@@ -115,3 +115,10 @@ def test_the_thread_flushes_on_its_interval_without_a_full_buffer():
     assert batches.wrote.wait(5)
     payloads.close(timeout_s=5)
     assert [len(batch) for batch in batches.batches] == [1]
+
+
+def test_a_closed_log_takes_nothing_more():
+    payloads = PayloadLog(ON, Batches())
+    payloads.close()
+    payloads.add(payload())
+    assert payloads.held == 0
