@@ -135,7 +135,11 @@ class PayloadWriter:
         # On first use, in the log's thread: an object store's filesystem may ask the
         # network (an S3 bucket's region) as it is made.
         if self._where is None:
-            self._where = filesystem(self.url)
+            fs, folder = self._where = filesystem(self.url)
+            # Object stores have no folders, but some filesystems do (an HDFS, pyarrow's
+            # in-memory one); a store that refuses to make one still takes the files.
+            with contextlib.suppress(OSError):
+                fs.create_dir(folder, recursive=True)
         return self._where
 
     def __call__(self, batch: list[Payload]) -> None:
@@ -145,7 +149,7 @@ class PayloadWriter:
         if isinstance(self.fs, pafs.LocalFileSystem):
             # Readers list the folder at any time: they must never find half a file. An
             # object store shows an object only once it is whole.
-            self.fs.create_dir(self.folder, recursive=True)
+            self.fs.create_dir(self.folder, recursive=True)  # again, if someone removed it
             partial = f"{self.folder}/.{name}.partial"
             pq.write_table(table, partial, filesystem=self.fs)
             self.fs.move(partial, path)

@@ -119,3 +119,14 @@ def test_a_relative_folder_is_taken_from_the_working_directory(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     PayloadWriter(url, "r", clock=FakeClock())([payload()])
     assert len(names(tmp_path / url)) == 1
+
+
+def test_a_url_is_written_through_its_pyarrow_filesystem_whole_files_at_once():
+    # pyarrow's in-memory filesystem stands in for an object store (s3://, gs://): no
+    # partial file and rename there, an object appears once it is whole.
+    writer = PayloadWriter("mock:///bucket/payloads", "r", clock=FakeClock())
+    writer([payload()])
+    writer([payload(), payload()])
+    files = stored_files(writer.fs, writer.folder)
+    assert [f.name.rsplit("-", 1)[1] for f in files] == ["000001.parquet", "000002.parquet"]
+    assert pq.read_table(files[1].path, filesystem=writer.fs).num_rows == 2
