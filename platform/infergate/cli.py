@@ -18,6 +18,7 @@ from infergate.config import StackConfig, load_config
 from infergate.control import cli as canary_cli
 from infergate.dashboards import cli as dashboards_cli
 from infergate.errors import InfergateError, StackError, exit_code
+from infergate.observe import payloads_cli
 from infergate.serving import keys_cli
 from infergate.serving.access import read_keys
 from infergate.tasks import TASKS
@@ -308,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     canary_cli.add_commands(sub, common)
     keys_cli.add_commands(sub, common)
+    payloads_cli.add_commands(sub, common)
     dashboards_cli.add_commands(sub)
     bench_cli.add_commands(sub)
     return parser

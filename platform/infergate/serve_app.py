@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 APP_NAME = "infergate"
 POLL_INTERVAL_S = 0.5
 REPORT_INTERVAL_S = 1.0
+PAYLOAD_CLOSE_S = 5.0  # how long a replica shutting down waits for its last payload file
 
 
 # No access log unless asked for (ServeSettings.access_log, or a Serve config's
@@ -108,9 +109,12 @@ class FrontendDeployment:
             raise RuntimeError("the traffic table sync stopped")
 
     def __del__(self) -> None:
-        """Ray Serve calls this when the replica shuts down: hand Ray the last totals."""
+        """Ray Serve calls this when the replica shuts down: hand Ray the last totals, and
+        let the payload log write what it holds (a few seconds at most)."""
         with contextlib.suppress(Exception):
             self._telemetry.flush()
+        with contextlib.suppress(Exception):
+            self._replica.payloads.close(timeout_s=PAYLOAD_CLOSE_S)
 
 
 def replica_options(serve_settings: ServeSettings) -> dict[str, Any]:

@@ -151,6 +151,12 @@ def stack_env(state_dir: Path) -> dict[str, str]:
     # Long enough that a reconcile rarely falls inside the webhook test's wait (that test
     # also finds the delivery in the control plane's log).
     env["INFERGATE_RECONCILE_INTERVAL_S"] = str(RECONCILE_INTERVAL_S)
+    # The payload log, to STATE_DIR/payloads: every answer a canary gives, to a client or
+    # in shadow, so a test can tell which of them reached a client (a champion's only a
+    # little: load tests measure the replicas).
+    payloads = {"ENABLED": "true", "SAMPLE__CANARY": "1", "SAMPLE__SHADOW": "1",
+                "FLUSH_INTERVAL_S": "1"}  # fmt: skip
+    env.update({f"INFERGATE_FRONTEND__PAYLOADS__{k}": v for k, v in payloads.items()})
     return env
 
 

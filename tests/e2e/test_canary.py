@@ -60,6 +60,13 @@ def end_rollout(stack: Stack) -> None:
         assert stack.cli("canary", "rollback", MODEL).returncode == 0
 
 
+def logged_payloads(stack: Stack, version: str) -> list[dict]:
+    """The payload log's records of ``version`` of the rollout's model."""
+    read = stack.cli("payloads", "read", "--model", MODEL, "--version", version)
+    assert read.returncode == 0, read.stderr
+    return [json.loads(line) for line in read.stdout.splitlines()]
+
+
 def admin(stack: Stack, *args: str) -> str:
     result = stack.cli("canary", *args, "--admin-url", stack.admin)
     assert result.returncode == 0, result.stderr
@@ -321,4 +328,12 @@ def test_a_canary_that_answers_wrongly_is_rolled_back_in_shadow_before_any_clien
     assert {status for status, _ in answers} == {200}
     assert version not in {served for _, served in answers}  # no answer of its reached a client
     assert len(answers) > 50
+    # The payload log tells the same: the canary's answers were all to mirrored requests.
+    records = wait_for(
+        lambda: logged_payloads(stack, version), 15, "the canary's shadow records in the log"
+    )
+    assert {record["role"] for record in records} == {"shadow"}, Counter(
+        record["role"] for record in records
+    )
+    assert all(record["agreement"] == [0.0, 0.0] for record in records if record["status"] == 200)
     assert seconds < 15, seconds  # 10 s is the goal; the load into Triton is part of it

@@ -139,6 +139,60 @@ class AutoscalingSettings(Frozen):
     )
 
 
+class PayloadSampling(Frozen):
+    """The share of calls the payload log keeps, per role of the version that answered."""
+
+    champion: float = Field(
+        0.01, ge=0, le=1, description="Of the calls a champion answers (most of the traffic)."
+    )
+    canary: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Of the calls a canary answers for clients during weighted steps: it gets "
+        "a small share of the traffic and is the version under scrutiny.",
+    )
+    shadow: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Of the mirrored requests a canary in shadow answers (already a share of "
+        "the champion's, the rollout's shadow share).",
+    )
+
+
+class PayloadSettings(Frozen):
+    """The payload log: sampled requests and answers, written by every front-end replica as
+    Parquet files (``infergate payloads``)."""
+
+    # Off unless asked for: the texts clients send may be personal data, and keeping them
+    # (even hashed) is the operator's decision, as is the storage it takes.
+    enabled: bool = Field(False, description="Keep a payload log.")
+    sample: PayloadSampling = PayloadSampling()
+    url: str | None = Field(
+        None,
+        description="Folder the files go to: a local path or any URL pyarrow's filesystems "
+        "take (s3://bucket/prefix, gs://...). Unset: STATE_DIR/payloads.",
+    )
+    max_total_mb: float = Field(
+        1024.0,
+        gt=0,
+        description="The folder's size bound, all replicas together: past it the oldest "
+        "files are deleted.",
+    )
+    texts: Literal["keep", "hash", "drop"] = Field(
+        "hash",
+        description="What a record keeps of the request's texts: the texts, their SHA-256 "
+        "('sha256:<hex>', enough to count and match repeats), or nothing.",
+    )
+    flush_interval_s: float = Field(
+        10.0, gt=0, description="How often a replica writes what it holds, as a new file."
+    )
+    flush_records: int = Field(
+        1000, ge=1, description="... or sooner, once it holds this many records."
+    )
+
+
 class FrontendSettings(Frozen):
     """What every front-end replica needs; it travels to Ray Serve as user_config."""
 
@@ -198,6 +252,7 @@ class FrontendSettings(Frozen):
         description="Texts per model and replica waiting for a Triton call; past it a request "
         "gets a 429 at once instead of waiting ever longer.",
     )
+    payloads: PayloadSettings = PayloadSettings()
 
 
 class ServeSettings(Frozen):
@@ -290,6 +345,11 @@ class StackConfig(Frozen):
         30.0, gt=0, description="How often the served versions are re-read from the registry."
     )
 
+    @property
+    def payload_url(self) -> str:
+        """Where the payload log is: its setting, else the state dir's ``payloads``."""
+        return self.frontend.payloads.url or str(self.state_dir / "payloads")
+
     def frontend_settings(self) -> FrontendSettings:
         """Front-end settings wired to the addresses of this stack."""
         return self.frontend.model_copy(
@@ -298,6 +358,7 @@ class StackConfig(Frozen):
                 "batch_max_rows": min(self.frontend.batch_max_rows, self.triton.max_batch_size),
                 "tracking_uri": self.mlflow.uri,
                 "artifact_cache_dir": self.state_dir / "artifacts",
+                "payloads": self.frontend.payloads.model_copy(update={"url": self.payload_url}),
             }
         )
 

@@ -27,6 +27,7 @@ from infergate.errors import (
     RateLimited,
 )
 from infergate.observe.monitor import Monitors
+from infergate.observe.payloads import NO_PAYLOADS, Payload, PayloadLog
 from infergate.observe.telemetry import NullTelemetry, Telemetry
 from infergate.serving.access import Access, Caller
 from infergate.serving.batching import Backend
@@ -56,6 +57,7 @@ class Call:
     start: float = field(default_factory=time.perf_counter)
     runtime: ModelRuntime | None = None
     prediction: Prediction | None = None
+    texts: list[str] | None = None  # once the body is read
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.start
@@ -96,6 +98,7 @@ class InferencePath:
         telemetry: Telemetry | None = None,
         monitors: Monitors | None = None,
         mirror: Mirror | None = None,
+        payloads: PayloadLog | None = None,
         readiness_probe: Probe | None = None,
         has_table: bool = True,
         loading: frozenset[str] = frozenset(),
@@ -106,7 +109,10 @@ class InferencePath:
         self.access = access or Access(None)
         self.telemetry = telemetry or NullTelemetry()
         self.monitors = monitors or Monitors(self.telemetry)
-        self.mirror = mirror or Mirror(lambda runtime: self.monitors.version_counters(runtime))
+        self.payloads = payloads or (mirror.payloads if mirror is not None else NO_PAYLOADS)
+        self.mirror = mirror or Mirror(
+            lambda runtime: self.monitors.version_counters(runtime), payloads=self.payloads
+        )
         self.has_table = has_table
         self.loading = loading
         self.missing = missing
@@ -170,18 +176,22 @@ class InferencePath:
         """Admit the caller, pick the version (``pinned``, else by the traffic split and
         ``routing_key``), let ``check`` refuse it, and run it. A champion's answer may be
         mirrored to a canary in shadow (``Mirror``), which the caller never waits for."""
+        call.texts = texts
         self.access.admit(call.caller, len(texts))
         call.runtime = model.pick(routing_key, pinned)
         if check is not None:
             check(call.runtime)
         call.prediction = await call.runtime.predict(texts, parameters, self.backend)
         if pinned is None:
-            self.mirror.offer(model, call.prediction, call.runtime, texts, parameters, self.backend)
+            self.mirror.offer(
+                model, call.prediction, call.runtime, texts, parameters, self.backend,
+                key_id=call.caller.id,
+            )  # fmt: skip
         return call.prediction
 
     def record(self, call: Call, status: int) -> None:
-        """What every call leaves behind: its metrics, the key's, and (for a call a
-        version answered, or failed) the canary's counters."""
+        """What every call leaves behind: its metrics, the key's, (for a call a version
+        answered, or failed) the canary's counters, and maybe a payload log record."""
         seconds = call.elapsed_s()
         runtime = call.runtime
         served_version = runtime.served.version if runtime is not None else ""
@@ -197,6 +207,17 @@ class InferencePath:
             # A 499 is no error of the version's, but its wait is a latency of at least
             # ``seconds``: a canary that hangs until clients give up still gets judged.
             self.monitors.record(runtime, status, seconds, call.prediction)
+        served = runtime.served if runtime is not None else None
+        if self.payloads.wants(served.role if served is not None else ""):
+            # What there is: a body that failed parsing left no texts, and no version.
+            self.payloads.add(
+                Payload(
+                    self.payloads.clock(), served.name if served else call.label,
+                    served_version, served.role if served else "", call.texts,
+                    call.prediction.outputs if call.prediction is not None else None,
+                    seconds * 1000, status, caller.id,
+                )
+            )  # fmt: skip
 
     # -- readiness ------------------------------------------------------------------------
 

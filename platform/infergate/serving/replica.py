@@ -28,6 +28,7 @@ from infergate.config import FrontendSettings
 from infergate.errors import BackendUnavailable
 from infergate.http import SlowUploads, error_response
 from infergate.observe.monitor import Monitors
+from infergate.observe.payloads import PayloadLog, open_payload_log
 from infergate.observe.telemetry import Telemetry
 from infergate.protocols.frontend import Frontend
 from infergate.serving.access import Access
@@ -78,7 +79,9 @@ class Replica:
     ) -> None:
         self.telemetry = telemetry
         self.monitors = Monitors(telemetry)
-        self.mirror = Mirror(self.monitors.version_counters)  # shadow traffic, across tables
+        self.payloads = PayloadLog(FrontendSettings().payloads)  # off until configured
+        # Shadow traffic, across tables; its records go to the same payload log.
+        self.mirror = Mirror(self.monitors.version_counters, payloads=self.payloads)
         self._connect = connect
         self._load_version = load
         self._clock = clock
@@ -110,6 +113,9 @@ class Replica:
         ):
             self.access = Access(settings.api_keys_file, burst_s=settings.rate_limit_burst_s)
         self.uploads.limit = settings.max_slow_uploads
+        if settings.payloads != self.payloads.settings:
+            self.payloads.close()  # its thread writes what it holds, then ends
+            self.payloads = self.mirror.payloads = open_payload_log(settings.payloads)
         triton = self.triton
         if triton is None or (triton.url, triton.timeout_s) != (
             settings.triton_grpc_url,

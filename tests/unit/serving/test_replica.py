@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from fakes import FakeTritonBackend
-from infergate.config import FrontendSettings
+from infergate.config import FrontendSettings, PayloadSettings
 from infergate.errors import BackendUnavailable, ModelNotFound
 from infergate.observe.telemetry import NullTelemetry
 from infergate.serving import replica as replica_module
@@ -209,3 +209,21 @@ def test_a_retry_that_ends_after_a_new_table_arrived_changes_nothing(monkeypatch
     asyncio.run(scenario())
     assert replica.table_version == 2
     assert [r.served.version for r in replica.frontend.models["a"].versions] == ["3"]
+
+
+def test_the_payload_log_outlives_tables_and_is_replaced_with_its_settings(tmp_path):
+    replica, _ = replica_with_table(tmp_path, broken=set())
+    assert not replica.payloads.enabled  # off unless configured
+    on = PayloadSettings(enabled=True, url=str(tmp_path / "payloads"), flush_interval_s=60)
+    replica.configure(FrontendSettings(artifact_cache_dir=tmp_path, payloads=on))
+    first = replica.payloads
+    replica.apply([ServedVersion("a", "1", "text-classification", "src/a1")], 2)
+    assert first.enabled and replica.mirror.payloads is first
+    assert replica.frontend.path.payloads is first  # a new table, the same log
+    replica.configure(FrontendSettings(artifact_cache_dir=tmp_path, payloads=on))
+    assert replica.payloads is first  # settings unchanged: the log goes on
+    off = FrontendSettings(artifact_cache_dir=tmp_path)
+    replica.configure(off)
+    assert not replica.payloads.enabled and replica.frontend.path.payloads is replica.payloads
+    first.close(timeout_s=5)  # already closed by the switch: its thread has ended
+    assert first._thread is not None and not first._thread.is_alive()
