@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import threading
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ from conftest import RECONCILE_INTERVAL_S, Stack, clone_version, wait_for
 from mlflow import MlflowClient
 
 from infergate.registry import Registry
-from tiny_models import tiny_bert
+from tiny_models import WORDS, tiny_bert
 
 pytestmark = pytest.mark.e2e
 MODEL = "rollout"
@@ -335,5 +336,63 @@ def test_a_canary_that_answers_wrongly_is_rolled_back_in_shadow_before_any_clien
     assert {record["role"] for record in records} == {"shadow"}, Counter(
         record["role"] for record in records
     )
-    assert all(record["agreement"] == [0.0, 0.0] for record in records if record["status"] == 200)
+    if wrong == "labels swapped":  # every answer it gave disagreed on both texts
+        assert all(r["agreement"] == [0.0, 0.0] for r in records if r["status"] == 200)
+    else:  # its failures are there, as the mirrored requests it failed
+        assert any(r["status"] >= 500 for r in records), Counter(r["status"] for r in records)
     assert seconds < 15, seconds  # 10 s is the goal; the load into Triton is part of it
+
+
+EMBED = "canary-embed"
+
+
+@pytest.mark.parametrize(("seed", "ends"), [(1, "rolled back"), (0, "promoted")])
+def test_an_embedding_canary_is_judged_by_its_neighbours_on_live_texts(
+    stack, http, tmp_path, seed, ends
+):
+    """A tiny embedding model as champion (weights of seed 0). A canary of the same shape
+    with other weights (seed 1) keeps few texts' nearest neighbours and is rolled back in
+    shadow, none of its answers sent; the same weights registered again pass the shadow
+    and every step. Varied texts, as neighbours among one repeated text say nothing."""
+    client = MlflowClient(stack.mlflow)
+    if seed == 1:  # the first case registers the champion
+        champion = tiny_bert(tmp_path / "v1", "feature-extraction", seed=0)
+        stack.register(champion, EMBED, "feature-extraction", "--precision", "fp32",
+                       "--alias", "champion")  # fmt: skip
+    policy = {"steps": "50,100", "step_interval_s": "2", "min_requests": "30",
+              "latency_margin_ms": "50"}  # fmt: skip
+    for key, value in policy.items():
+        client.set_registered_model_tag(EMBED, f"infergate.rollout.policy.{key}", value)
+    stack.register(tiny_bert(tmp_path / "canary", "feature-extraction", seed=seed), EMBED,
+                   "feature-extraction", "--precision", "fp32")  # fmt: skip
+    version = max((v.version for v in client.search_model_versions(f"name='{EMBED}'")), key=int)
+    answered: Counter[str] = Counter()
+    rng = random.Random(seed)
+
+    def send() -> None:
+        texts = [" ".join(rng.choices(WORDS, k=rng.randint(3, 10))) for _ in range(2)]
+        reply = http.post(f"/v1/models/{EMBED}/predict", json={"inputs": texts})
+        assert reply.status_code == 200, reply.text
+        answered[reply.headers["x-model-version"]] += 1
+
+    set_at = time.monotonic()
+    client.set_registered_model_alias(EMBED, "canary", version)
+
+    def ended() -> bool:
+        for _ in range(10):
+            send()
+        return "canary" not in client.get_registered_model(EMBED).aliases
+
+    wait_for(ended, 120, f"the embedding canary {ends}", interval_s=0.05)
+    seconds = time.monotonic() - set_at
+    tags = client.get_model_version(EMBED, version).tags
+    trail = json.loads(tags["infergate.rollout_report"])
+    print(f"\nembedding canary (seed {seed}) {ends} {seconds:.1f} s after its alias was set: "
+          f"{trail[-1]['reason']}; answers {dict(answered)}")  # fmt: skip
+    if ends == "rolled back":
+        assert tags["infergate.rollback_reason"].startswith("in shadow: agrees with the champion")
+        assert version not in answered  # no answer of its reached a client
+    else:
+        assert client.get_registered_model(EMBED).aliases == {"champion": version}
+        assert [entry["action"] for entry in trail] == ["start", "advance", "advance", "promote"]
+        assert trail[1]["reason"].startswith("shadow passed: agreement 100.0%")
