@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from infergate.bench.analysis import task_rows
-from infergate.bench.cli import add_commands, task_failures, task_selection
-from infergate.bench.options import PEER_NAMES
+from infergate.bench.cli import add_commands, bench_options, task_failures, task_selection
+from infergate.bench.options import ALL_SCENARIOS, PEER_NAMES
 from infergate.bench.peers import PeerRoute
 from infergate.bench.report import markdown, write_report
 from infergate.bench.task_models import TASK_CASES, TASK_NAMES, task_case
@@ -154,6 +154,15 @@ def test_tasks_alone_means_all_of_them_with_the_peers_and_smoke_a_short_form():
     assert task_selection(parse("--tasks", "translation")) == (("translation",), ())
     with pytest.raises(SystemExit):
         parse("--tasks", "summarization")
+
+
+def test_tasks_without_scenarios_measure_the_tasks_alone_and_with_them_both():
+    # The run measures the ceiling and a scenario only when they are in `scenarios`.
+    assert bench_options(parse("--smoke", "--tasks")).scenarios == ()
+    assert bench_options(parse("--smoke")).scenarios == ALL_SCENARIOS
+    both = bench_options(parse("--smoke", "--scenarios", "ceiling", "lean", "--tasks"))
+    assert both.scenarios == ("ceiling", "lean") and both.tasks == ("feature-extraction",)
+    assert both.profile.name == "smoke"
 
 
 def test_failures_count_the_platform_and_ceilings_not_a_peer_that_cannot_run():
