@@ -2,7 +2,8 @@
 FastAPI/PyTorch server (fp32, and int8 by PyTorch's dynamic quantisation), the Triton
 ensemble, the Ray Serve floor, the lean front-end on the whole stack, and the short form of
 the task cells (`--tasks`), all real processes on free ports. One run: the model is
-prepared and the ceiling measured once for every part, each test reading its results.
+prepared and the ceiling measured once for every part, the whole stack started once (in
+the smoke the task cells run on the lean scenario's stack), each test reading its results.
 
 The `infergate` scenario itself and the in-process front-end are left out here only
 because they take longer; `infergate bench --quick` runs them all. The first run on a
@@ -41,6 +42,8 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert (out / name).stat().st_size > 0, name
     # A progress line per measured cell (the task cell has 4 texts a request).
     assert done.stderr.count("c=32  texts=16") == len(SCENARIOS) + len(STACK_SCENARIOS)
+    # One stack: the task cells did not start one of their own.
+    assert "[tasks] starting the stack" not in done.stderr
     return out
 
 
@@ -183,6 +186,8 @@ def test_the_lean_front_end_answers_on_the_stack_and_leaves_nothing_behind(resul
     batching = cells[(32, 16, 16)]["triton"]
     assert sum(model["executions"] for model in batching.values()) > 0
     assert record["info"]["left_after_down"] == []
+    # On the task cells' store (see test_a_task_cell_...), serving the ceiling's very file.
+    assert record["info"]["served_onnx_is_prepared_file"] is True
     shares = {s["cell"]: s["share"] for s in results["ceiling_shares"] if s["scenario"] == "lean"}
     assert set(shares) == {"c32-t1-n16", "c32-t16-n16"} and min(shares.values()) > 0
 
@@ -193,6 +198,8 @@ def test_a_task_cell_runs_against_its_ceiling(results, out: Path):
     task's model)."""
     tasks = results["tasks"]
     assert "error" not in tasks["stack"], tasks["stack"].get("log_tail")
+    assert tasks["stack"]["shared_with"] == "lean"  # the smoke's one stack
+    assert tasks["stack"]["start_s"] == results["scenarios"]["lean"]["start_s"]
     assert tasks["stack"]["served_model_is_prepared_file"] == {"feature-extraction": True}
     assert tasks["stack"]["left_after_down"] == []
     record = tasks["cases"]["feature-extraction"]
