@@ -1,10 +1,14 @@
-"""`infergate bench --smoke` end to end on the cheap scenarios: the in-process ceiling, the
-naive FastAPI/PyTorch server (fp32, and int8 by PyTorch's dynamic quantisation), the
-Triton ensemble and the Ray Serve floor, all real processes on free ports.
+"""`infergate bench --smoke` end to end, in one run: the in-process ceiling, the naive
+FastAPI/PyTorch server (fp32, and int8 by PyTorch's dynamic quantisation), the Triton
+ensemble, the Ray Serve floor, the lean front-end on the whole stack, and the short form of
+the task cells (`--tasks`), all real processes on free ports. One run: the model is
+prepared and the ceiling measured once for every part, the whole stack started once (in
+the smoke the task cells run on the lean scenario's stack), each test reading its results.
 
-The whole stack and the in-process front-end are left out here only because they take
-longer to start; `infergate bench --quick` runs them all. The first run on a machine also
-builds the benchmark model (about a minute and a half); later runs reuse it.
+The `infergate` scenario itself and the in-process front-end are left out here only
+because they take longer; `infergate bench --quick` runs them all. The first run on a
+machine also builds the benchmark model (about a minute and a half) and registers the task
+cell's model; later runs reuse them.
 """
 
 from __future__ import annotations
@@ -20,22 +24,34 @@ import pytest
 from infergate.bench.analysis import cell_row
 from infergate.bench.workload import PROBE_TEXTS, TARGET_CELLS
 
-pytestmark = pytest.mark.e2e
-SCENARIOS = ("naive", "naive-int8", "ensemble", "floor")
+# The first test waits for the whole run (its module fixture).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+SCENARIOS = ("naive", "naive-int8", "ensemble", "floor")  # each a process of its own
+STACK_SCENARIOS = ("lean",)  # on the whole stack
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The results folder of the one `bench --smoke` run every test reads."""
     out = tmp_path_factory.mktemp("bench") / "results"
     command = [sys.executable, "-m", "infergate.bench.cli", "bench", "--smoke", "--out", str(out)]
-    command += ["--scenarios", "ceiling", *SCENARIOS]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    command += ["--scenarios", "ceiling", *SCENARIOS, *STACK_SCENARIOS, "--tasks"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1400, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     for name in ("results.json", "results.md", "throughput.png", "latency.png", "memory.png"):
         assert (out / name).stat().st_size > 0, name
-    # A progress line per measured cell.
-    assert done.stderr.count("c=32  texts=16") == len(SCENARIOS)
-    return json.loads((out / "results.json").read_text())
+    # A progress line per measured cell (the task cell has 4 texts a request).
+    assert done.stderr.count("c=32  texts=16") == len(SCENARIOS) + len(STACK_SCENARIOS)
+    # One stack: the task cells did not start one of their own.
+    assert "[tasks] starting the stack" not in done.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(out: Path) -> dict:
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["scenarios"]) == {*SCENARIOS, *STACK_SCENARIOS}
+    return results
 
 
 def test_ceiling_measured_on_the_served_file(results):
@@ -82,7 +98,10 @@ def test_memory_is_split_by_component(results):
 def test_ratios_computed_and_missing_targets_reported(results):
     shares = {(s["scenario"], s["cell"]) for s in results["ceiling_shares"]}
     assert shares == {
-        (n, c.key) for n in SCENARIOS for c in TARGET_CELLS if c.concurrency == 32 and n != "floor"
+        (n, c.key)
+        for n in (*SCENARIOS, *STACK_SCENARIOS)
+        for c in TARGET_CELLS
+        if c.concurrency == 32 and n != "floor"
     }
     assert all(math.isfinite(s["share"]) and s["share"] > 0 for s in results["ceiling_shares"])
     # infergate itself was not run: its targets are listed, marked as not measured.
@@ -152,14 +171,7 @@ def test_results_folder_has_a_readable_report(results, tmp_path: Path):
     assert "| naive | 32 | 16 | 16 |" in text and "| ensemble | 1 | 1 | 16 |" in text
 
 
-def test_the_lean_front_end_answers_on_the_stack_and_leaves_nothing_behind(tmp_path: Path):
-    # Its own run: it starts the whole stack, which the smoke above leaves out.
-    out = tmp_path / "results"
-    command = [sys.executable, "-m", "infergate.bench.cli", "bench", "--smoke", "--out", str(out)]
-    command += ["--scenarios", "ceiling", "lean"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
-    results = json.loads((out / "results.json").read_text())
+def test_the_lean_front_end_answers_on_the_stack_and_leaves_nothing_behind(results):
     record = results["scenarios"]["lean"]
     assert "error" not in record, record.get("log_tail")
     assert record["probe"] == {
@@ -174,23 +186,20 @@ def test_the_lean_front_end_answers_on_the_stack_and_leaves_nothing_behind(tmp_p
     batching = cells[(32, 16, 16)]["triton"]
     assert sum(model["executions"] for model in batching.values()) > 0
     assert record["info"]["left_after_down"] == []
+    # On the task cells' store (see test_a_task_cell_...), serving the ceiling's very file.
+    assert record["info"]["served_onnx_is_prepared_file"] is True
     shares = {s["cell"]: s["share"] for s in results["ceiling_shares"] if s["scenario"] == "lean"}
     assert set(shares) == {"c32-t1-n16", "c32-t16-n16"} and min(shares.values()) > 0
 
 
-def test_a_task_cell_runs_against_its_ceiling(tmp_path: Path):
+def test_a_task_cell_runs_against_its_ceiling(results, out: Path):
     """`bench --smoke --tasks`: the short form of the task cells, feature-extraction on the
     whole stack against its own ceiling (the first run on a machine also registers the
     task's model)."""
-    out = tmp_path / "results"
-    command = [sys.executable, "-m", "infergate.bench.cli", "bench", "--smoke", "--tasks"]
-    command += ["--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1500, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
-    results = json.loads((out / "results.json").read_text())
-    assert results["scenarios"] == {} and results["ceiling"] is None  # the tasks alone
     tasks = results["tasks"]
     assert "error" not in tasks["stack"], tasks["stack"].get("log_tail")
+    assert tasks["stack"]["shared_with"] == "lean"  # the smoke's one stack
+    assert tasks["stack"]["start_s"] == results["scenarios"]["lean"]["start_s"]
     assert tasks["stack"]["served_model_is_prepared_file"] == {"feature-extraction": True}
     assert tasks["stack"]["left_after_down"] == []
     record = tasks["cases"]["feature-extraction"]

@@ -11,8 +11,12 @@ import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infergate.config import PROJECT_ROOT
+
+if TYPE_CHECKING:
+    from infergate.bench.options import BenchOptions
 
 DEFAULT_OUT = PROJECT_ROOT / "bench-results"
 
@@ -34,33 +38,14 @@ def running_stack() -> Path | None:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; exit 0 when it ran (targets are reported, not enforced), 1 when a
     scenario failed to run, 2 with ``--check`` when a target was missed."""
-    from infergate.bench.options import ALL_SCENARIOS, BenchOptions
     from infergate.bench.report import write_report
     from infergate.bench.runner import run_bench
     from infergate.bench.targets import evaluate_targets
-    from infergate.bench.workload import PROFILES
 
     # Progress bars of artifact downloads would be noise between the progress lines.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"]
-    if args.duration is not None:
-        profile = replace(profile, duration_s=args.duration)
-    tasks, peers = task_selection(args)
-    # With --tasks and no --scenarios, only the task cells are measured.
-    scenarios = args.scenarios or (() if tasks else ALL_SCENARIOS)
-    options = BenchOptions(
-        profile=profile,
-        scenarios=tuple(scenarios),
-        tasks=tasks,
-        peers=peers,
-        cache_dir=args.cache_dir,
-        refresh_model=args.refresh_model,
-        timeout_s=args.timeout,
-        quiet_wait_s=args.wait_quiet,
-        noisy_retries=args.noisy_retries,
-        variants=tuple(args.variant or ()),
-    )
+    options = bench_options(args)
 
     # Stop what was started on Ctrl-C and on SIGTERM alike (SIGINT is ignored in
     # background jobs of non-interactive shells; SIGTERM would end Python without cleanup).
@@ -93,6 +78,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.check and any(t["passed"] is False for t in evaluate_targets(results)):
         return 2
     return 0
+
+
+def bench_options(args: argparse.Namespace) -> BenchOptions:
+    """What the command line asks the run to do."""
+    from infergate.bench.options import ALL_SCENARIOS, BenchOptions
+    from infergate.bench.workload import PROFILES
+
+    profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    if args.duration is not None:
+        profile = replace(profile, duration_s=args.duration)
+    tasks, peers = task_selection(args)
+    # With --tasks and no --scenarios, only the task cells are measured.
+    scenarios = args.scenarios or (() if tasks else ALL_SCENARIOS)
+    return BenchOptions(
+        profile=profile,
+        scenarios=tuple(scenarios),
+        tasks=tasks,
+        peers=peers,
+        cache_dir=args.cache_dir,
+        refresh_model=args.refresh_model,
+        timeout_s=args.timeout,
+        quiet_wait_s=args.wait_quiet,
+        noisy_retries=args.noisy_retries,
+        variants=tuple(args.variant or ()),
+    )
 
 
 # The short form of the task cells in --smoke: one task with real weights, no peers.

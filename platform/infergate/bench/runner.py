@@ -16,9 +16,10 @@ import subprocess
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from infergate.bench import procfs
 from infergate.bench.analysis import WITHOUT_MODEL
@@ -43,7 +44,7 @@ from infergate.bench.options import ALL_SCENARIOS, BenchOptions, Say
 from infergate.bench.prepare import DEFAULT_CACHE_DIR, prepare_model
 from infergate.bench.scenarios import Scenario
 from infergate.bench.stack_scenarios import InfergateStack, LeanStack
-from infergate.bench.task_cells import run_tasks
+from infergate.bench.task_cells import TaskRun
 from infergate.bench.workload import PROBE_TEXTS, Profile, TextSets, build_text_sets
 from infergate.config import PROJECT_ROOT, load_config
 
@@ -59,6 +60,13 @@ SCENARIOS: dict[str, type[Scenario]] = {
         NaiveInt8Server,
     )
 }
+
+
+# The smoke checks that every part runs, not its figures: there the task cells are
+# measured on the lean scenario's stack, which then starts once for both. The quick and
+# full runs give the task cells a stack of their own, so that no figure carries another
+# part's processes.
+SHARED_STACK_PROFILES = ("smoke",)
 
 
 def machine_info() -> dict[str, Any]:
@@ -137,22 +145,29 @@ def faster_rows(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> li
     return merged
 
 
+S = TypeVar("S", bound=Scenario)
+
+
 def run_scenario(
-    scenario: Scenario,
+    scenario: S,
     texts: TextSets,
     profile: Profile,
     reference_labels: list[str] | None,
     options: BenchOptions,
     say: Say,
     paces: dict[str, dict[int, float]] | None = None,
+    also_on_it: Callable[[S], None] | None = None,
 ) -> dict[str, Any]:
     """Start, probe, measure every cell (and the paced ones, see :func:`measure_paced`),
-    stop; errors are recorded, not raised."""
+    run ``also_on_it`` (once it started, whatever its cells met), stop; errors are
+    recorded, not raised."""
     record: dict[str, Any] = {"description": scenario.description, "cells": []}
     started = time.monotonic()
+    up = False
     try:
         say(f"[{scenario.name}] starting: {scenario.description}")
         scenario.start()
+        up = True
         record["start_s"] = round(time.monotonic() - started, 1)
         say(f"[{scenario.name}] up in {record['start_s']:.0f} s on port {scenario.port}")
         status, answer = run_sync(
@@ -182,6 +197,12 @@ def run_scenario(
         say(f"[{scenario.name}] FAILED: {record['error']}")
         traceback.print_exc()
     finally:
+        if up and also_on_it is not None:
+            try:
+                also_on_it(scenario)
+            except Exception as exc:  # its own failures are its to record
+                say(f"[{scenario.name}] what else ran on it FAILED: {exc}")
+                traceback.print_exc()
         try:
             scenario.stop()
         except Exception as exc:
@@ -242,13 +263,37 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
             results["ceiling"] = {"error": f"{type(exc).__name__}: {exc}"}
             say(f"[ceiling] FAILED: {exc}")
     with tempfile.TemporaryDirectory(prefix="infergate-bench-") as tmp:
+        # The task part (with its own stack, after the scenarios, or, when shared, run
+        # with the lean scenario in its place among them).
+        share = "lean" in options.scenarios and profile.name in SHARED_STACK_PROFILES
+        tasks: TaskRun | None = None
+        shared: dict[str, Any] | None = None  # its stack entry, once measured on lean's
+
+        def task_run() -> TaskRun:
+            return TaskRun(
+                prepared, options.tasks, options.peers, options, Path(tmp) / "tasks", say,
+                options.cache_dir or DEFAULT_CACHE_DIR,
+            )  # fmt: skip
+
         for name in options.scenarios:
             if name == "ceiling":
                 continue
             workdir = Path(tmp) / name
             workdir.mkdir()
-            scenario = SCENARIOS[name](prepared, workdir)
             paces = floor_paces(results, profile.token_lengths)
+            if options.tasks and share and name == "lean":
+                tasks = task_run()
+                tasks.ceilings()  # before the stack, as when the task part runs alone
+                # The task store holds the scenarios' sentiment model too (task_models).
+                on_task_store = replace(prepared, store_dir=tasks.prepared_tasks.store_dir)
+                lean = LeanStack(on_task_store, workdir)
+                results["scenarios"][name] = run_scenario(
+                    lean, texts, profile, reference_labels, options, say, paces,
+                    also_on_it=tasks.measure_on,
+                )  # fmt: skip
+                shared = tasks.shared_stack(lean, results["scenarios"][name])
+                continue
+            scenario = SCENARIOS[name](prepared, workdir)
             results["scenarios"][name] = run_scenario(
                 scenario, texts, profile, reference_labels, options, say, paces
             )
@@ -259,10 +304,11 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
             record = run_scenario(scenario, texts, profile, reference_labels, options, say)
             results["scenarios"][scenario.name] = {**record, "env": variant.env}
         if options.tasks:
-            results["tasks"] = run_tasks(
-                prepared, options.tasks, options.peers, options, Path(tmp) / "tasks", say,
-                options.cache_dir or DEFAULT_CACHE_DIR,
-            )  # fmt: skip
+            if tasks is None or shared is None:
+                tasks = task_run()
+                tasks.ceilings()
+                shared = tasks.on_own_stack()
+            results["tasks"] = tasks.finish(shared)
     ceiling = results["ceiling"] or {}
     if ceiling.get("rows"):
         say("[ceiling] measured again at the end; each row keeps the faster run")

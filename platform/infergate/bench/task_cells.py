@@ -6,8 +6,10 @@ per request; for feature-extraction also the peers a user would pick instead
 
 Order: every task's ceiling, then the stack (a cell per task), then the peers, then every
 ceiling again; each ceiling row keeps the faster of its two runs, as in the main run, so
-that no ratio gains from a slow phase of the host. The results go under ``tasks`` in the
-results document (see :func:`infergate.bench.analysis.task_rows`).
+that no ratio gains from a slow phase of the host. The stack is one of its own, or, in the
+smoke, the lean scenario's (:class:`TaskRun` measures the cells on a stack it is given).
+The results go under ``tasks`` in the results document (see
+:func:`infergate.bench.analysis.task_rows`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,16 @@ def task_cell() -> Cell:
     return Cell(TASK_CONCURRENCY, TASK_TEXTS, TASK_TOKENS)
 
 
+def served_task_files(state_dir: Path, tasks: PreparedTasks) -> dict[str, bool]:
+    """Per task, whether the stack in ``state_dir`` serves the very file its ceiling runs."""
+    served = {}
+    for task, model in tasks.models.items():
+        name = triton_model_name(model.case.model, model.version)
+        file = state_dir / "triton-repository" / name / "1" / model.case.served_file
+        served[task] = file.exists() and sha256(file) == model.model_sha256
+    return served
+
+
 class TaskStack(InfergateStack):
     """The whole stack on a copy of the task store: every task's model is a champion."""
 
@@ -63,14 +75,9 @@ class TaskStack(InfergateStack):
 
     def start(self) -> None:
         super().start()
-        served = {}
-        for task, model in self.tasks.models.items():
-            name = triton_model_name(model.case.model, model.version)
-            file = self.state_dir / "triton-repository" / name / "1" / model.case.served_file
-            served[task] = file.exists() and sha256(file) == model.model_sha256
         # The ceiling of each task runs the very file Triton serves.
-        self.info["served_model_is_prepared_file"] = served
-        # The sentiment model's checks of the parent class: it serves no sentiment model.
+        self.info["served_model_is_prepared_file"] = served_task_files(self.state_dir, self.tasks)
+        # The sentiment model's checks of the parent class: the task cells read the above.
         self.info.pop("served_onnx", None)
         self.info.pop("served_onnx_is_prepared_file", None)
 
@@ -186,46 +193,129 @@ def measure_task(
     return row, embeddings_of(answer)
 
 
-def _run_stack(
-    tasks: PreparedTasks,
-    prepared: PreparedModel,
-    records: dict[str, dict[str, Any]],
-    probes: dict[str, list[list[float]]],
-    profile: Profile,
-    options: BenchOptions,
-    say: Say,
-    workdir: Path,
-) -> dict[str, Any]:
-    stack = TaskStack(prepared, tasks, workdir)
-    info: dict[str, Any] = {"description": stack.description}
-    started = time.monotonic()
-    try:
-        say(f"[tasks] starting the stack with {', '.join(tasks.models)}")
-        stack.start()
-        info["start_s"] = round(time.monotonic() - started, 1)
-        for task, model in tasks.models.items():
+class TaskRun:
+    """The task part of a run, in its order: :meth:`ceilings`, the cells on a stack
+    (:meth:`on_own_stack`, or :meth:`measure_on` a started stack and :meth:`shared_stack`
+    once it is down), :meth:`finish` (the peers, the ceilings again, the ``tasks`` entry of
+    the results document)."""
+
+    def __init__(
+        self,
+        prepared: PreparedModel,
+        task_names: Sequence[str],
+        peers: Sequence[str],
+        options: BenchOptions,
+        workdir: Path,
+        say: Say,
+        cache_dir: Path,
+    ) -> None:
+        from infergate.bench.task_models import task_case
+
+        self.prepared, self.peers, self.options, self.say = prepared, peers, options, say
+        self.workdir = workdir
+        cases = [task_case(name) for name in task_names]
+        self.prepared_tasks = prepare_tasks(cases, prepared, cache_dir, say)
+        self.records: dict[str, dict[str, Any]] = {
+            case.task: {
+                "model": case.model,
+                "version": self.prepared_tasks.models[case.task].version,
+                "precision": json.loads(
+                    self.prepared_tasks.models[case.task].spec_path.read_text()
+                ).get("precision"),
+                "weights": case.weights,
+                "random_weights": case.random_weights,
+                "route": case.path,
+                "served": {},
+            }
+            for case in cases
+        }
+        self.probes: dict[str, list[list[float]]] = {}
+        self.measured_on: dict[str, Any] | None = None  # the stack measure_on was given
+        self.started = time.monotonic()
+
+    def ceilings(self) -> None:
+        """Measure every task's ceiling; a second call merges its rows with the first's."""
+        _ceilings(
+            self.prepared_tasks.models, self.records, self.options.profile, self.options, self.say
+        )
+
+    def measure_on(self, stack: InfergateStack) -> None:
+        """Every task's cell on ``stack``, started on a copy of the task store."""
+        self.measured_on = {
+            "served_model_is_prepared_file": served_task_files(stack.state_dir, self.prepared_tasks)
+        }
+        for task, model in self.prepared_tasks.models.items():
             try:
                 row, vectors = measure_task(
-                    stack, model.case, model.tokenizer_dir, profile, options, say, task[:9]
-                )
-                records[task]["served"]["infergate"] = {"cell": row}
+                    stack, model.case, model.tokenizer_dir, self.options.profile, self.options,
+                    self.say, task[:9],
+                )  # fmt: skip
+                self.records[task]["served"]["infergate"] = {"cell": row}
                 if vectors is not None:
-                    probes[task] = vectors
+                    self.probes[task] = vectors
             except Exception as exc:
-                records[task]["served"]["infergate"] = {"error": f"{type(exc).__name__}: {exc}"}
-                say(f"[tasks] {task} FAILED: {exc}")
-    except Exception as exc:
-        info["error"] = f"{type(exc).__name__}: {exc}"
-        info["log_tail"] = stack.log_tail()
-        say(f"[tasks] the stack FAILED: {info['error']}")
-        traceback.print_exc()
-    finally:
+                self.records[task]["served"]["infergate"] = {
+                    "error": f"{type(exc).__name__}: {exc}"
+                }
+                self.say(f"[tasks] {task} FAILED: {exc}")
+
+    def on_own_stack(self) -> dict[str, Any]:
+        """Start a stack of the task models, measure every cell on it, stop it; returns
+        the ``stack`` entry (its start, its checks, what it left running, any error)."""
+        stack_dir = self.workdir / "tasks-stack"
+        stack_dir.mkdir(parents=True)
+        stack = TaskStack(self.prepared, self.prepared_tasks, stack_dir)
+        info: dict[str, Any] = {"description": stack.description}
+        started = time.monotonic()
         try:
-            stack.stop()
+            self.say(f"[tasks] starting the stack with {', '.join(self.prepared_tasks.models)}")
+            stack.start()
+            info["start_s"] = round(time.monotonic() - started, 1)
+            self.measure_on(stack)
         except Exception as exc:
-            info["stop_error"] = f"{type(exc).__name__}: {exc}"
-    info.update(stack.info)
-    return info
+            info["error"] = f"{type(exc).__name__}: {exc}"
+            info["log_tail"] = stack.log_tail()
+            self.say(f"[tasks] the stack FAILED: {info['error']}")
+            traceback.print_exc()
+        finally:
+            try:
+                stack.stop()
+            except Exception as exc:
+                info["stop_error"] = f"{type(exc).__name__}: {exc}"
+        info.update(stack.info)
+        return info
+
+    def shared_stack(self, scenario: Scenario, record: dict[str, Any]) -> dict[str, Any]:
+        """The ``stack`` entry for cells measured on ``scenario``'s stack, which is down:
+        its start and what it left running, from the scenario's ``record``."""
+        info: dict[str, Any] = {"description": scenario.description, "shared_with": scenario.name}
+        if self.measured_on is None:
+            info["error"] = f"the {scenario.name} stack did not run: {record.get('error')}"
+            info["log_tail"] = record.get("log_tail", "")
+            return info
+        info.update(self.measured_on)
+        for key in ("start_s", "stop_error"):
+            if key in record:
+                info[key] = record[key]
+        info["left_after_down"] = scenario.info.get("left_after_down")
+        return info
+
+    def finish(self, stack: dict[str, Any]) -> dict[str, Any]:
+        """The peers, the ceilings again; the ``tasks`` entry of the results document."""
+        embed = self.prepared_tasks.models.get("feature-extraction")
+        for name in self.peers if embed is not None else ():
+            assert embed is not None
+            self.records["feature-extraction"]["served"][name] = _run_peer(
+                name, embed, self.probes.get("feature-extraction"), self.options.profile,
+                self.options, self.say, self.workdir / f"peer-{name}",
+            )  # fmt: skip
+        self.ceilings()
+        return {
+            "cell": {"concurrency": TASK_CONCURRENCY, "texts": TASK_TEXTS, "tokens": TASK_TOKENS},
+            "stack": stack,
+            "cases": self.records,
+            "wall_s": round(time.monotonic() - self.started, 1),
+        }
 
 
 def run_tasks(
@@ -237,43 +327,11 @@ def run_tasks(
     say: Say,
     cache_dir: Path,
 ) -> dict[str, Any]:
-    """The task part of a run: the ``tasks`` entry of the results document."""
-    from infergate.bench.task_models import task_case
-
-    profile = options.profile
-    cases = [task_case(name) for name in task_names]
-    tasks = prepare_tasks(cases, prepared, cache_dir, say)
-    records: dict[str, dict[str, Any]] = {
-        case.task: {
-            "model": case.model,
-            "version": tasks.models[case.task].version,
-            "precision": json.loads(tasks.models[case.task].spec_path.read_text()).get("precision"),
-            "weights": case.weights,
-            "random_weights": case.random_weights,
-            "route": case.path,
-            "served": {},
-        }
-        for case in cases
-    }
-    started = time.monotonic()
-    _ceilings(tasks.models, records, profile, options, say)
-    stack_dir = workdir / "tasks-stack"
-    stack_dir.mkdir(parents=True)
-    probes: dict[str, list[list[float]]] = {}
-    stack = _run_stack(tasks, prepared, records, probes, profile, options, say, stack_dir)
-    embed = tasks.models.get("feature-extraction")
-    for name in peers if embed else ():
-        records["feature-extraction"]["served"][name] = _run_peer(
-            name, embed, probes.get("feature-extraction"), profile, options, say,
-            workdir / f"peer-{name}",
-        )  # fmt: skip
-    _ceilings(tasks.models, records, profile, options, say)
-    return {
-        "cell": {"concurrency": TASK_CONCURRENCY, "texts": TASK_TEXTS, "tokens": TASK_TOKENS},
-        "stack": stack,
-        "cases": records,
-        "wall_s": round(time.monotonic() - started, 1),
-    }
+    """The task part of a run on a stack of its own: the ``tasks`` entry of the results
+    document."""
+    run = TaskRun(prepared, task_names, peers, options, workdir, say, cache_dir)
+    run.ceilings()
+    return run.finish(run.on_own_stack())
 
 
 def _run_peer(

@@ -21,7 +21,11 @@ and the ceiling (``infergate.bench.ct2_ceiling``) decodes to the same length.
 The models are registered with ``infergate register`` (default precision) into a store
 of their own under the benchmark cache (``tasks/``), each version's served files
 downloaded beside it; a case missing from the cache is registered on the next run, the
-others are reused.
+others are reused. That store starts as a copy of the scenarios' store
+(``infergate.bench.prepare``): the sentiment case is the very version the scenarios serve,
+registered once, and a stack started on it serves the scenarios' model too (in the smoke,
+the lean scenario and the task cells share one). A task store seeded from another
+sentiment model is built again.
 """
 
 from __future__ import annotations
@@ -39,7 +43,9 @@ from typing import Any, Protocol
 import orjson
 
 from infergate.bench.prepare import (
+    MODEL_NAME,
     SERVED_FILES,
+    TASK,
     PreparedModel,
     locked,
     mlflow_on,
@@ -50,6 +56,7 @@ from infergate.bench.prepare import (
 
 TASKS_DIR = "tasks"
 MANIFEST = "manifest.json"
+BASE = "seeded_from_onnx_sha256"  # the manifest's record of the scenarios' model it copied
 # CoNLL-2003's BIO labels: what an English NER model's head usually has.
 NER_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 RANK_QUERY = "is the film worth watching"
@@ -325,6 +332,9 @@ def prepare_tasks(
     with locked(root):
         manifest_path = root / MANIFEST
         manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+        if manifest.get(BASE) != prepared.onnx_sha256:
+            manifest = _seed(root, prepared)
+            manifest_path.write_text(json.dumps(manifest, indent=2))
         missing = [case for case in cases if not _cached(root, case, manifest.get(case.model))]
         if missing:
             sources = Sources(minilm=minilm_dir(), sentiment=prepared.hf_dir)
@@ -357,6 +367,17 @@ def prepare_tasks(
             for case in cases
         }
         return PreparedTasks(root / "store", models)
+
+
+def _seed(root: Path, prepared: PreparedModel) -> dict[str, Any]:
+    """Start the task store over as a copy of the scenarios' store, its sentiment model
+    the text-classification case's; returns the new manifest."""
+    for stale in ("store", "served", "build"):
+        shutil.rmtree(root / stale, ignore_errors=True)
+    shutil.copytree(prepared.store_dir, root / "store")
+    shutil.copytree(prepared.served_dir, root / "served" / MODEL_NAME)
+    entry = {"task": TASK, "version": prepared.version, "model_sha256": prepared.onnx_sha256}
+    return {BASE: prepared.onnx_sha256, MODEL_NAME: entry}
 
 
 def _model_sha256(entry: dict) -> str:

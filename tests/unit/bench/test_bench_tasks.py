@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from infergate.bench.analysis import task_rows
-from infergate.bench.cli import add_commands, task_failures, task_selection
-from infergate.bench.options import PEER_NAMES
+from infergate.bench.cli import add_commands, bench_options, task_failures, task_selection
+from infergate.bench.options import ALL_SCENARIOS, PEER_NAMES
 from infergate.bench.peers import PeerRoute
 from infergate.bench.report import markdown, write_report
 from infergate.bench.task_models import TASK_CASES, TASK_NAMES, task_case
@@ -156,6 +156,15 @@ def test_tasks_alone_means_all_of_them_with_the_peers_and_smoke_a_short_form():
         parse("--tasks", "summarization")
 
 
+def test_tasks_without_scenarios_measure_the_tasks_alone_and_with_them_both():
+    # The run measures the ceiling and a scenario only when they are in `scenarios`.
+    assert bench_options(parse("--smoke", "--tasks")).scenarios == ()
+    assert bench_options(parse("--smoke")).scenarios == ALL_SCENARIOS
+    both = bench_options(parse("--smoke", "--scenarios", "ceiling", "lean", "--tasks"))
+    assert both.scenarios == ("ceiling", "lean") and both.tasks == ("feature-extraction",)
+    assert both.profile.name == "smoke"
+
+
 def test_failures_count_the_platform_and_ceilings_not_a_peer_that_cannot_run():
     tasks = results_with_tasks()["tasks"]
     assert task_failures(tasks) == ["tasks: token-classification ceiling"]
@@ -240,3 +249,40 @@ def test_the_bench_stack_moves_every_port_of_the_stack():
             }
     assert "SERVE__FALLBACK_PROXY_PORT" in ports
     assert set(STACK_PORTS) == ports
+
+
+def prepared_sentiment(root, sha: str = "a" * 64):
+    """A stand-in for the scenarios' cached model: its store and served files on disk."""
+    from infergate.bench.prepare import PreparedModel
+
+    (root / "store" / "mlruns").mkdir(parents=True)
+    (root / "store" / "mlflow.db").write_text("the scenarios' registry")
+    served = root / "served"
+    (served / "tokenizer").mkdir(parents=True)
+    (served / "model.onnx").write_text(f"onnx {sha}")
+    (served / "infergate.json").write_text('{"precision": "int8"}')
+    return PreparedModel(
+        hf_dir=root / "sentiment-hf", store_dir=root / "store", onnx_path=served / "model.onnx",
+        tokenizer_dir=served / "tokenizer", spec={}, version="1", onnx_sha256=sha,
+    )  # fmt: skip
+
+
+def test_the_task_store_starts_as_the_scenarios_store_and_its_sentiment_is_theirs(tmp_path):
+    from infergate.bench.task_models import prepare_tasks
+
+    prepared = prepared_sentiment(tmp_path / "cache")
+    case = task_case("text-classification")
+    # Nothing to register: no MLflow is started (it would fail here).
+    tasks = prepare_tasks([case], prepared, tmp_path / "cache", say=print)
+    root = tmp_path / "cache" / "tasks"
+    assert tasks.store_dir == root / "store"
+    assert (root / "store" / "mlflow.db").read_text() == "the scenarios' registry"
+    [model] = tasks.models.values()
+    assert (model.version, model.model_sha256) == ("1", "a" * 64)
+    assert model.model_path.read_text() == prepared.onnx_path.read_text()
+    # A store seeded from another sentiment model is seeded again, its other models gone.
+    (root / "served" / "embed").mkdir()
+    other = prepared_sentiment(tmp_path / "other", sha="b" * 64)
+    again = prepare_tasks([case], other, tmp_path / "cache", say=print)
+    assert again.models["text-classification"].model_sha256 == "b" * 64
+    assert not (root / "served" / "embed").exists()
