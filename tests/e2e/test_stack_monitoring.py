@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 from conftest import Stack, clone_version, predict
+from mlflow import MlflowClient
 
 from infergate.dashboards.generate import render_all
 from infergate.dashboards.promql import expand
@@ -57,10 +58,20 @@ def test_every_panel_query_returns_data(stack: Stack, http: httpx.Client, tmp_pa
     started = stack.cli("canary", "start", "sentiment", "--version", canary, "--weight", "50",
                         "--manual")  # fmt: skip
     assert started.returncode == 0, started.stderr
+    # The shadow stage's panels need a canary in shadow: the ranker gets a copy of itself,
+    # held there (it would pass after 30 texts) by a pair minimum it never reaches.
+    ranker = OTHER_TASKS[0][1]
+    MlflowClient(stack.mlflow).set_registered_model_tag(
+        ranker, "infergate.rollout.policy.min_pairs", str(10**9)
+    )
+    shadowed = clone_version(Registry(stack.mlflow), ranker, "1", tmp_path / "shadowed")
+    started = stack.cli("canary", "start", ranker, "--version", shadowed)
+    assert started.returncode == 0, started.stderr
     try:
         check_every_panel(stack, http)
     finally:
         assert stack.cli("canary", "rollback", "sentiment").returncode == 0
+        assert stack.cli("canary", "rollback", ranker).returncode == 0
 
 
 def check_every_panel(stack: Stack, http: httpx.Client) -> None:

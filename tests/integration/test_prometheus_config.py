@@ -62,7 +62,8 @@ def test_rendered_config_with_alerts_beside_it_passes_promtool_check(tmp_path):
     (tmp_path / "alerts.yml").write_text(ALERTS.read_text())
     result = promtool("check", "config", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 8 rules found" in result.stdout
+    rules = sum(len(group["rules"]) for group in yaml.safe_load(ALERTS.read_text())["groups"])
+    assert f"SUCCESS: {rules} rules found" in result.stdout
 
 
 def test_template_keeps_its_jobs_and_placeholders():
