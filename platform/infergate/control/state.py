@@ -27,7 +27,11 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-STATE_ACTOR = "infergate-control"
+# The name carries the actor's protocol (its methods and what they return): a cluster kept
+# running through an upgrade gets a new actor beside the old one's leftovers instead of
+# calling an actor of the previous release with this release's methods.
+PROTOCOL = 2  # 2: epochs (table(epoch, known), publish returns (epoch, version))
+STATE_ACTOR = f"infergate-control-v{PROTOCOL}"
 STATE_NAMESPACE = "infergate"
 REPLICA_SILENT_AFTER_S = 10.0  # a replica not heard from for this long is gone
 
