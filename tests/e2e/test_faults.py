@@ -36,6 +36,7 @@ HUNG_S = 5.0  # an answer slower than this counts as hung
 TRITON_TIMEOUT_S = 2.0
 REPLICA = "ServeReplica:infergate:frontend"
 DROPPED = 0  # Load's status for a request without an HTTP answer
+HELD_S = 2.0  # after the last error, answers all 200 for at least this long
 
 
 @dataclass
@@ -173,8 +174,13 @@ def under_fault(
     first_error = min((a[0] - at for a in errors), default=None)
     last_error_end = max((a[0] + a[1] for a in errors), default=None)
     recovered = None if last_error_end is None else last_error_end - at
-    ok_after = [a for a in after if a[2] == 200 and a[0] > (last_error_end or at)]
-    assert ok_after, f"{name}: no 200 after the last error"
+    ok_after = [a[0] for a in after if a[2] == 200 and a[0] > (last_error_end or at)]
+    # Back for good, not one lucky answer: every answer since the last error is a 200
+    # (that is how the last error is found), and they span HELD_S of the load.
+    assert ok_after and ok_after[-1] - ok_after[0] >= HELD_S, (
+        f"{name}: all 200 for {ok_after[-1] - ok_after[0] if ok_after else 0:.1f} s after "
+        f"the last error, {HELD_S:g} s needed"
+    )
     return Figures(
         name,
         Counter(a[2] for a in answers),
@@ -186,6 +192,13 @@ def under_fault(
         max(a[1] for a in answers),
         steady.bodies,
     )
+
+
+def assert_no_harm(figures: Figures) -> None:
+    """What every fault must keep: each answer a JSON body, and none from a version other
+    than the champion there was before."""
+    assert figures.not_json == 0, figures
+    assert figures.wrong_version == 0, figures
 
 
 def kill(pids: list[int], sig: int = signal.SIGKILL) -> None:
@@ -221,6 +234,13 @@ def rss_mb(stack: Stack) -> dict[str, float]:
     return memory
 
 
+def memory_bound_mb(hours: float) -> float:
+    """The most a component may grow during a soak of ``hours``: a start-up allowance
+    (caches filling, the canary's version loaded beside the champion) and a rate far
+    above any seen (the ten-minute soak's largest was Ray's +97 MB/hour)."""
+    return 32 + 200 * hours
+
+
 def capacity(stack: Stack) -> float:
     """Requests a second the stack answers with 8 clients back to back, for 5 s."""
     with Steady(stack, clients=8, interval_s=0) as steady:
@@ -236,7 +256,8 @@ def p99(seconds: list[float]) -> float:
 def test_a_soak_at_half_capacity_with_a_canary_rolling_through(stack, report, tmp_path):
     """Half the stack's capacity for SOAK_S, a canary started a tenth in and rolled out
     automatically: no error, the p99 of the last tenth within 1.5x of the first's, and
-    memory per component (its growth per hour printed)."""
+    each component's memory growth within ``memory_bound_mb`` (its growth per hour
+    printed)."""
     from mlflow import MlflowClient
 
     rate = capacity(stack) / 2
@@ -281,6 +302,10 @@ def test_a_soak_at_half_capacity_with_a_canary_rolling_through(stack, report, tm
               f"({growth[name]:+.0f} MB/hour)")  # fmt: skip
     assert statuses.keys() == {200}, statuses
     assert promoted, "the canary did not roll out during the soak"
+    grown = {name: after[name] - before[name] for name in before}
+    assert all(mb <= memory_bound_mb(hours) for mb in grown.values()), (
+        f"grew more than {memory_bound_mb(hours):.0f} MB: {grown}"
+    )
     assert p99(last) <= 1.5 * p99(first) + 0.005, (p99(first), p99(last))
 
 
@@ -288,8 +313,9 @@ def test_one_of_two_front_end_replicas_killed_costs_no_answer(stack, report):
     replicas = wait_for(lambda: _two(processes(stack, REPLICA)), 120, "two replicas")
     figures = under_fault(stack, "one of two front-end replicas killed", lambda: kill(replicas[:1]))
     report.append(figures)
+    assert_no_harm(figures)
     # HAProxy marks the dead replica down and sends its requests to the other.
-    assert figures.not_json == 0 and figures.hung == 0, figures
+    assert figures.hung == 0, figures
     assert set(figures.answers) <= {200, 503, DROPPED}, figures
     assert_few_dropped(figures)
 
@@ -302,7 +328,7 @@ def test_every_front_end_replica_killed(stack, report):
         stack, "every front-end replica killed", lambda: kill(replicas), load_s=max(LOAD_S, 15)
     )
     report.append(figures)
-    assert figures.not_json == 0, figures
+    assert_no_harm(figures)
     assert set(figures.answers) <= {200, 503, DROPPED}, figures
     assert_few_dropped(figures)
     assert figures.recovered_s is None or figures.recovered_s < 30, figures
@@ -320,11 +346,20 @@ def _two(pids: list[int]) -> list[int] | None:
     return pids if len(pids) == 2 else None
 
 
+TRITON_BACK_S = 12.0  # a killed Triton started again with every served version loaded
+
+
 def test_a_killed_triton(stack, report):
-    figures = under_fault(stack, "Triton killed", lambda: kill(processes(stack, "tritonserver")))
+    """503s until the stack has started Triton again and loaded the served versions, then
+    all 200 again within TRITON_BACK_S (seen: 1.7 s)."""
+    figures = under_fault(stack, "Triton killed", lambda: kill(processes(stack, "tritonserver")),
+                          load_s=max(LOAD_S, TRITON_BACK_S + HELD_S))  # fmt: skip
     report.append(figures)
-    assert figures.not_json == 0 and figures.hung == 0, figures
+    assert_no_harm(figures)
+    assert figures.hung == 0, figures
     assert set(figures.answers) <= {200, 503}, figures
+    assert figures.first_error_s is not None, "no request met the killed Triton"
+    assert figures.recovered_s is not None and figures.recovered_s < TRITON_BACK_S, figures
 
 
 def test_a_killed_mlflow_costs_no_answer(stack, report):
@@ -334,6 +369,7 @@ def test_a_killed_mlflow_costs_no_answer(stack, report):
     wait_for(lambda: _two(processes(stack, REPLICA)), 120, "two replicas")
     figures = under_fault(stack, "MLflow killed", lambda: kill(processes(stack, "mlflow server")))
     report.append(figures)
+    assert_no_harm(figures)
     assert figures.first_error_s is None and figures.hung == 0, figures
     assert set(figures.answers) <= {200, DROPPED}, figures
     assert_few_dropped(figures)
@@ -349,9 +385,14 @@ def test_a_frozen_triton_answers_504_within_the_deadline(stack, report):
 
     figures = under_fault(stack, f"Triton frozen {3 * TRITON_TIMEOUT_S:g} s", freeze)
     report.append(figures)
-    assert figures.not_json == 0, figures
+    assert_no_harm(figures)
     assert set(figures.answers) <= {200, 503, 504}, figures
     assert figures.hung == 0, figures  # the deadline, not the freeze, bounds a request
+    assert figures.first_error_s is not None, "no request met the frozen Triton"
+    # Thawed, it answers what waited; the last request sent during the freeze ends at
+    # its deadline, so every answer is a 200 again one deadline after the thaw (+1 s).
+    assert figures.recovered_s is not None, figures
+    assert figures.recovered_s < 4 * TRITON_TIMEOUT_S + 1.0, figures
 
 
 def _mlflow_answers(stack: Stack) -> bool:
@@ -406,7 +447,8 @@ def test_a_full_artifact_cache_holds_a_canary_back_until_there_is_room(stack, re
 
         figures = under_fault(stack, "artifact cache disk full, canary started", canary_while_full)
         report.append(figures)
-        assert figures.answers.keys() == {200} and figures.wrong_version == 0, figures
+        assert_no_harm(figures)
+        assert figures.answers.keys() == {200}, figures
         assert _weights(stack).get(version[0]) is None  # held back: off the table
         rollout = httpx.get(f"{stack.admin}/admin/models/{MODEL}/rollout", timeout=10).json()
         assert rollout["canary"] == version[0], rollout  # not rolled back
