@@ -86,13 +86,17 @@ def test_a_model_registered_by_the_admin_is_stored_in_postgres_and_served(
     assert answered.headers["x-model-version"] == "1"
 
 
-def test_nobody_without_the_permission_moves_an_alias(stack, monkeypatch):
+def test_nobody_without_the_permission_moves_an_alias(postgres, stack, monkeypatch):
     as_user(monkeypatch, None)
     with pytest.raises((MlflowException, RestException), match=r"401|nauthori|credentials"):
         MlflowClient(stack.mlflow).set_registered_model_alias(MODEL, "champion", "1")
     as_user(monkeypatch, "admin", ADMIN_PASSWORD)
     users = get_app_client("basic-auth", tracking_uri=stack.mlflow)
     users.create_user("reader", READER_PASSWORD)
+    # The users live in the registry's own database, beside the models (no local file).
+    stored = postgres.sql("SELECT username FROM users ORDER BY username", database="mlflow")
+    assert stored.split() == ["admin", "reader"], stored
+    assert not list(stack.state_dir.rglob("basic_auth.db"))
     as_user(monkeypatch, "reader", READER_PASSWORD)
     reader = MlflowClient(stack.mlflow)
     assert reader.get_registered_model(MODEL).aliases == {"champion": "1"}  # READ: yes

@@ -3,8 +3,11 @@
 The backend store is SQLite in ``mlflow.store_dir`` unless ``mlflow.backend_store_uri``
 names another (PostgreSQL for a production registry: webhooks need a SQL store either
 way). Artifacts live in ``store_dir/artifacts``, served through the server. With
-``mlflow.auth`` the server runs MLflow's basic-auth app, its users in
-``store_dir/basic_auth.db``: nobody without a password reads or moves an alias.
+``mlflow.auth`` the server runs MLflow's basic-auth app: nobody without a password reads
+or moves an alias. Its users live in the backend store's database when
+``mlflow.backend_store_uri`` names one (MLflow keeps them in tables of their own, with a
+migration table of their own), as in the Helm chart, so that every MLflow server on that
+database knows them; else in ``store_dir/basic_auth.db``.
 """
 
 from __future__ import annotations
@@ -61,12 +64,18 @@ def server_environment(settings: MlflowSettings, base: Mapping[str, str]) -> dic
     env = {**base, **ENVIRONMENT}
     env["MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"] = _webhook_encryption_key(settings.store_dir)
     if settings.auth:
-        users = settings.store_dir / "basic_auth.db"
-        if not users.exists() and not base.get("MLFLOW_AUTH_ADMIN_PASSWORD"):
-            raise StackError(
-                "mlflow.auth is on and the user store is new: set MLFLOW_AUTH_ADMIN_PASSWORD "
-                f"to the password of the MLflow user {ADMIN_USERNAME!r} it creates"
-            )
+        users = settings.backend_store_uri
+        if users is None:
+            users_file = settings.store_dir / "basic_auth.db"
+            users = f"sqlite:///{users_file.resolve()}"
+            # (A database's users cannot be looked at from here: MLflow itself refuses to
+            # start there without the password of an admin it has yet to create.)
+            if not users_file.exists() and not base.get("MLFLOW_AUTH_ADMIN_PASSWORD"):
+                raise StackError(
+                    "mlflow.auth is on and the user store is new: set "
+                    "MLFLOW_AUTH_ADMIN_PASSWORD to the password of the MLflow user "
+                    f"{ADMIN_USERNAME!r} it creates"
+                )
         env["MLFLOW_AUTH_CONFIG_PATH"] = str(_auth_config(settings.store_dir, users))
         # Signs the auth app's CSRF tokens; kept so that a restart does not void them.
         if not base.get("MLFLOW_FLASK_SERVER_SECRET_KEY"):
@@ -87,17 +96,19 @@ def client_credentials(settings: MlflowSettings, environ: MutableMapping[str, st
         environ.setdefault("MLFLOW_TRACKING_PASSWORD", password)
 
 
-def _auth_config(store_dir: Path, users: Path) -> Path:
-    """MLflow's basic-auth settings: users in ``users``; a user may read what it was not
-    given more of; the admin's password comes from MLFLOW_AUTH_ADMIN_PASSWORD."""
+def _auth_config(store_dir: Path, users: str) -> Path:
+    """MLflow's basic-auth settings: users in the database ``users``; a user may read what
+    it was not given more of; the admin's password comes from MLFLOW_AUTH_ADMIN_PASSWORD."""
     path = store_dir / "basic_auth.ini"
     path.write_text(
         "[mlflow]\n"
         "default_permission = READ\n"
-        f"database_uri = sqlite:///{users.resolve()}\n"
+        # MLflow reads it with configparser, where "%" starts an interpolation.
+        f"database_uri = {users.replace('%', '%%')}\n"
         f"admin_username = {ADMIN_USERNAME}\n"
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
     )
+    path.chmod(0o600)  # the database's URI may hold its password
     return path
 
 

@@ -2,6 +2,7 @@
 credentials. Started for real, on PostgreSQL with auth: tests/e2e/test_mlflow_postgres_auth.py."""
 
 import configparser
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,17 @@ def test_auth_keeps_its_users_in_the_store_and_needs_a_first_admin_password(tmp_
     assert ini["mlflow"]["admin_username"] == "admin"
     (tmp_path / "basic_auth.db").touch()  # the admin exists: no password needed again
     assert mlflow_server.server_environment(settings, {})["MLFLOW_AUTH_CONFIG_PATH"]
+
+
+def test_auth_keeps_its_users_in_the_backend_store_database_when_one_is_named(tmp_path):
+    uri = "postgresql://mlflow:p%40ss%25w@db.internal:5432/mlflow"  # "p@ss%w", URL-quoted
+    settings = MlflowSettings(store_dir=tmp_path, backend_store_uri=uri, auth=True)
+    env = mlflow_server.server_environment(settings, {})  # MLflow checks the admin there
+    ini = configparser.ConfigParser()  # as MLflow reads it, interpolation included
+    ini.read(env["MLFLOW_AUTH_CONFIG_PATH"])
+    assert ini["mlflow"]["database_uri"] == uri
+    assert Path(env["MLFLOW_AUTH_CONFIG_PATH"]).stat().st_mode & 0o077 == 0
+    assert not (tmp_path / "basic_auth.db").exists()
 
 
 def test_without_auth_the_environment_only_allows_local_webhooks(tmp_path):
