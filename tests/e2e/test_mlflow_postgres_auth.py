@@ -44,8 +44,10 @@ def postgres() -> Iterator[Postgres]:
 def stack(postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     state_dir = tmp_path_factory.mktemp("registry-stack")
     env = stack_env(state_dir)
-    env["INFERGATE_MLFLOW__BACKEND_STORE_URI"] = postgres.create_database(
-        "mlflow", "mlflow", "mlflow-db-password"
+    # A URI with "%" in it (a quoted space), which the users' store must take as given.
+    env["INFERGATE_MLFLOW__BACKEND_STORE_URI"] = (
+        postgres.create_database("mlflow", "mlflow", "mlflow-db-password")
+        + "?application_name=infergate%20registry"
     )
     env["PGPASSWORD"] = "mlflow-db-password"
     env["INFERGATE_MLFLOW__AUTH"] = "true"
@@ -144,9 +146,10 @@ def test_the_helm_charts_mlflow_command_runs_its_auth_app_on_postgres(
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     [port] = free_ports(1)
     secrets = {
+        # A password with "%", URL-quoted in the URI as an operator would write it.
         "MLFLOW_BACKEND_STORE_URI": postgres.create_database(
-            "chart", "chart", "chart-db-pw-1"
-        ).replace("chart@", "chart:chart-db-pw-1@"),
+            "chart", "chart", "chart-db%pw-1"
+        ).replace("chart@", "chart:chart-db%25pw-1@"),
         "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD,
         "MLFLOW_FLASK_SERVER_SECRET_KEY": "a-test-secret-key",
     }
