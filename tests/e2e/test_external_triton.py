@@ -2,7 +2,10 @@
 own address, running `infergate triton` with an empty repository of its own, as an
 operator would start it there. The control plane (`infergate up` with
 triton.external_host) never writes to that host's disk: every version travels with its
-load request. Checked with the user's own clients (tritonclient, httpx, MLflow's)."""
+load request. The host cannot read the control plane's disk either: its Triton runs in a
+mount namespace of its own, where an empty filesystem lies over the control plane's
+state folder (registry, artifacts, model files). Checked with the user's own clients
+(tritonclient, httpx, MLflow's)."""
 
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ class TritonHost:
     host: Host
     env: dict[str, str]
     state_dir: Path
+    hidden: Path  # the control plane's state folder, out of this host's sight
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -58,9 +62,13 @@ class TritonHost:
 
     def start(self) -> None:
         self.starts += 1
+        # `ip netns exec` gives the command a mount namespace of its own: a mount made
+        # there stays there.
+        hide = 'mount -t tmpfs -o size=1m,mode=0555 hidden "$0" && exec "$@"'
         command = self.host.command(
-            INFERGATE, "triton", "--address", "0.0.0.0", "--state-dir", str(self.state_dir)
-        )
+            "sh", "-c", hide, str(self.hidden),
+            INFERGATE, "triton", "--address", "0.0.0.0", "--state-dir", str(self.state_dir),
+        )  # fmt: skip
         with (self.state_dir / f"triton-{self.starts}.log").open("wb") as log:
             self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=log)
         client = triton_http.InferenceServerClient(self.http_url)
@@ -80,11 +88,16 @@ def _answers(client: triton_http.InferenceServerClient) -> bool:
 
 
 @pytest.fixture(scope="module")
-def triton_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonHost]:
+def stack_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("external-stack")
+
+
+@pytest.fixture(scope="module")
+def triton_host(stack_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonHost]:
     state_dir = tmp_path_factory.mktemp("triton-host")
     env = stack_env(state_dir)  # free ports; Triton's are used on the host's own address
     with network_host(f"igt{os.getpid() % 10000}", subnet=os.getpid() % 250) as host:
-        triton = TritonHost(host, env, state_dir)
+        triton = TritonHost(host, env, state_dir, hidden=stack_dir)
         triton.start()
         try:
             yield triton
@@ -94,9 +107,9 @@ def triton_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonHost
 
 
 @pytest.fixture(scope="module")
-def stack(triton_host: TritonHost, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(triton_host: TritonHost, stack_dir: Path) -> Iterator[Stack]:
     """The platform on this machine, driving the Triton of the network host."""
-    state_dir = tmp_path_factory.mktemp("external-stack")
+    state_dir = stack_dir
     env = stack_env(state_dir)
     for port in ("HTTP_PORT", "GRPC_PORT", "METRICS_PORT"):
         env[f"INFERGATE_TRITON__{port}"] = triton_host.env[f"INFERGATE_TRITON__{port}"]
@@ -148,6 +161,11 @@ def test_a_triton_that_never_saw_our_disk_serves_the_registered_model(triton_hos
     assert client.get_model_config(f"{MODEL}__v1")["backend"] == "python"
     assert list(triton_host.repository.iterdir()) == []
     assert not (stack.state_dir / "triton-repository").exists()
+    # And what that Triton sees where the control plane keeps its registry and model
+    # files: nothing (its process's own view of the filesystem, through /proc).
+    assert triton_host.process is not None
+    assert (stack.state_dir / "source" / "config.json").exists()
+    assert os.listdir(f"/proc/{triton_host.process.pid}/root{stack.state_dir}") == []
 
 
 def test_a_triton_that_restarted_empty_gets_its_versions_again_under_load(triton_host, stack, http):
