@@ -276,3 +276,42 @@ def tiny_bart(folder: Path, *, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     transformers.BartForConditionalGeneration(config).eval().save_pretrained(folder)
     return folder
+
+
+def slowed(graph: Path, output: str, *, matmuls: int = 10, size: int = 256) -> None:
+    """Make the ONNX graph in ``graph`` several times slower with its answers unchanged:
+    a chain of ``matmuls`` products of ``size`` x ``size`` matrices, started from the sum of
+    the input ids so that no optimiser can fold it away, bounded by tanh, then times zero
+    and added to ``output``."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(graph)
+    nodes = model.graph.node
+    (producer,) = [node for node in nodes if output in node.output]
+    fast = f"{output}_before_slowing"
+    producer.output[list(producer.output).index(output)] = fast
+    weights = np.random.default_rng(0).standard_normal((size, size)) / np.sqrt(size)
+    model.graph.initializer.extend([
+        numpy_helper.from_array(weights.astype(np.float32), "slow_weights"),
+        numpy_helper.from_array(np.zeros((), np.float32), "slow_zero"),
+    ])  # fmt: skip
+    chain = [
+        helper.make_node("Cast", ["input_ids"], ["slow_ids"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["slow_ids"], ["slow_sum"], keepdims=1),
+        helper.make_node("Mul", ["slow_sum", "slow_weights"], ["slow_0"]),
+    ]
+    for i in range(matmuls):
+        chain += [
+            helper.make_node("MatMul", [f"slow_{i}", "slow_weights"], [f"slow_{i}_product"]),
+            helper.make_node("Tanh", [f"slow_{i}_product"], [f"slow_{i + 1}"]),
+        ]
+    chain += [
+        helper.make_node("ReduceSum", [f"slow_{matmuls}"], ["slow_total"], keepdims=0),
+        helper.make_node("Mul", ["slow_total", "slow_zero"], ["slow_nothing"]),
+        helper.make_node("Add", [fast, "slow_nothing"], [output]),
+    ]
+    nodes.extend(chain)
+    onnx.checker.check_model(model)
+    onnx.save(model, graph)

@@ -219,11 +219,13 @@ def clone_version(
     broken_tokenizer: bool = False,
     swap_labels: bool = False,
     max_length: int | None = None,
+    slow: bool = False,
 ) -> str:
     """A new version of ``name`` made of ``version``'s files; optionally a broken ONNX
     (Triton cannot load it) or tokenizer (the front-end replicas cannot), or its labels
     in reverse order (it loads and answers fine, every answer of two classes flipped), or
-    a ``max_length`` its graph cannot take (it fails on texts longer than its positions)."""
+    a ``max_length`` its graph cannot take (it fails on texts longer than its positions),
+    or ``slow``: several times slower with the same answers (``tiny_models.slowed``)."""
     import mlflow
 
     source = registry.version_source(name, version)
@@ -236,6 +238,10 @@ def clone_version(
         (files / "model.onnx").write_bytes(b"this is not an ONNX graph")
     if broken_tokenizer:
         (files / "tokenizer" / "tokenizer.json").write_text("this is not a tokenizer")
+    if slow:
+        from tiny_models import slowed
+
+        slowed(files / "model.onnx", json.loads((files / SPEC_FILE).read_text())["output_name"])
     if swap_labels or max_length:
         spec = json.loads((files / SPEC_FILE).read_text())
         if swap_labels:
