@@ -25,7 +25,7 @@ from infergate.http import SlowUploads, answer, error_response, json_response, r
 from infergate.observe.metrics import TOTAL
 from infergate.observe.monitor import Monitors
 from infergate.observe.telemetry import Telemetry
-from infergate.protocols import kserve_v2, openai_api, openapi, tei, tei_answers
+from infergate.protocols import kserve_v2, openai_api, openapi, tei, tei_answers, tei_bodies
 from infergate.protocols import rerank as rerank_api
 from infergate.protocols.routes import Route, Routes
 from infergate.protocols.wire import (
@@ -173,7 +173,7 @@ class Frontend:
 
     async def _tei_tokenize(self, request: Request, name: str) -> Response:
         runtime = self._tei_version(request, name)
-        asked = tei.TokenizeBody.parse(await self._json_body(request), self.limits)
+        asked = tei_bodies.TokenizeBody.parse(await self._json_body(request), self.limits)
         texts = asked.inputs if isinstance(asked.inputs, list) else [asked.inputs]
         self.access.admit(_caller(request), len(texts))
         tokens = tei_answers.tokenize(runtime, texts, asked.add_special_tokens, asked.prompt_name)
@@ -181,7 +181,7 @@ class Frontend:
 
     async def _tei_decode(self, request: Request, name: str) -> Response:
         runtime = self._tei_version(request, name)
-        asked = tei.DecodeBody.parse(await self._json_body(request), self.limits)
+        asked = tei_bodies.DecodeBody.parse(await self._json_body(request), self.limits)
         self.access.admit(_caller(request), 1)
         texts = tei_answers.decode(runtime.tokenizer, asked.ids, asked.skip_special_tokens)
         return json_response(texts)

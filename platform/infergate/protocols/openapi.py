@@ -37,7 +37,7 @@ from infergate.protocols.schemas import (
     V2ModelMetadata,
     V2ServerMetadata,
 )
-from infergate.protocols.tei import (
+from infergate.protocols.tei_bodies import (
     DecodeBody,
     TeiEmbedBody,
     TeiModelRerankBody,

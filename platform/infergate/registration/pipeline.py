@@ -131,6 +131,10 @@ def register_model(
         work = Path(tmp)
         source = resolve_source(src, work / "source")
         named = prompt_spec(task, source, prompts, default_prompt)  # refused before the build
+        # The reference texts as served: with the default prompt, if there is one, before
+        # each (the quality measures and the drift baseline see what requests will).
+        default = named.get("prompts", {}).get(named.get("default_prompt_name"), "")
+        asked = replace(asked, texts=[default + text for text in asked.texts])
         built = ENGINES[served.engine](asked, source, work / "model")
         return _store(registry, asked, replace(built, spec={**built.spec, **named}), alias)
 

