@@ -289,8 +289,10 @@ class EntitiesBody(Body):
                 param="parameters",
             )
         parameters = {k: v for k, v in parameters.items() if k != "stride"}
+        texts = _texts(payload, limits)
         return {
-            "inputs": _texts(payload, limits),
+            # One text answers its entities alone, as Hugging Face's inference API does.
+            "inputs": texts[0] if isinstance(payload["inputs"], str) else texts,
             "parameters": EntitiesParameters.parse_value(parameters, limits),
         }
 

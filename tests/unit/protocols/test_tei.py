@@ -35,6 +35,7 @@ DIM = 8
 VOCAB = 30522
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 TEXTS = ["A man is playing a guitar.", "hello"]
+NER_LABELS = ["O", "B-PER", "I-PER"]
 
 
 def body(value) -> bytes:
@@ -156,6 +157,9 @@ def fake_outputs(model, input_ids, attention_mask, output_name) -> np.ndarray:
         return np.array([rng.normal(size=2) for rng in rngs], dtype=np.float32)
     if model.startswith("rerank"):
         return np.array([rng.normal(size=1) for rng in rngs], dtype=np.float32)
+    if model.startswith("ner"):
+        length = input_ids.shape[1]
+        return np.stack([rng.normal(size=(length, len(NER_LABELS))) * 3 for rng in rngs])
     if model.startswith("splade"):
         weights = np.zeros((len(seeds), VOCAB), dtype=np.float32)
         for row, rng in enumerate(rngs):
@@ -170,7 +174,8 @@ def tokenizer() -> TextTokenizer:
 
 
 def runtime(tokenizer, name, task, version="1", role=CHAMPION, weight=100, **spec) -> ModelRuntime:
-    labels = {"text-classification": ["negative", "positive"], "text-ranking": ["score"]}
+    labels = {"text-classification": ["negative", "positive"], "text-ranking": ["score"],
+              "token-classification": NER_LABELS}  # fmt: skip
     dim = VOCAB if task == "sparse-embedding" else DIM
     served = ServedVersion(name, version, task, "src", role, weight)
     return ModelRuntime(
@@ -184,6 +189,7 @@ MODELS = {
     "sentiment": ("text-classification", {}),
     "rerank": ("text-ranking", {}),
     "splade": ("sparse-embedding", {}),
+    "ner": ("token-classification", {}),
 }
 
 
@@ -269,6 +275,29 @@ def test_rerank_and_sparse_embeddings(client):
         assert dict(zip(output["indices"], output["values"], strict=True)) == {
             t["index"]: t["value"] for t in terms
         }
+
+
+def test_the_root_of_a_token_classifier_answers_hugging_faces_entities(client):
+    text = "My name is Wolfgang and I live in Berlin"
+    expected = native(client, "ner", text)[0]
+    assert expected  # random logits find some entities in these tokens
+    flat = client.post("/tei/ner", json={"inputs": text, "parameters": {}}).json()
+    assert flat == [
+        {**{k: v for k, v in e.items() if k != "entity"}, "entity_group": e["entity"]}
+        for e in expected
+    ]
+    both = client.post("/tei/ner", json={"inputs": [text, "hello"]}).json()
+    assert both[0] == flat and len(both) == 2
+    tokens = client.post(
+        "/tei/ner", json={"inputs": text, "parameters": {"aggregation_strategy": "none"}}
+    ).json()
+    assert tokens and all("entity" in e and "entity_group" not in e for e in tokens)
+    kept = client.post(
+        "/tei/ner", json={"inputs": text, "parameters": {"ignore_labels": ["PER"]}}
+    ).json()
+    assert kept == [e for e in flat if e["entity_group"] != "PER"]
+    strided = client.post("/tei/ner", json={"inputs": text, "parameters": {"stride": 4}})
+    assert strided.status_code == 422 and "'stride' is not supported" in strided.text
 
 
 @pytest.mark.parametrize(
