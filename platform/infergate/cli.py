@@ -207,6 +207,7 @@ def _registry(args: argparse.Namespace):
 
 def cmd_register(args: argparse.Namespace) -> int:
     from infergate.registration.pipeline import describe, register_model
+    from infergate.registration.prompts import parse_prompt_options
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     registered = register_model(
@@ -221,6 +222,8 @@ def cmd_register(args: argparse.Namespace) -> int:
         quality_budget=args.quality_budget,
         progress=not args.quiet,
         onnx_file=args.onnx,
+        prompts=parse_prompt_options(args.prompt),
+        default_prompt=args.default_prompt,
     )
     print(describe(registered))
     return 0
@@ -301,6 +304,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the optimised model must keep on the reference texts against the original: "
         "'default' (the task's), 'none', or NAME=VALUE,... such as "
         "nn_agreement=0.95,cosine_mean=0.995 (floors; *_change figures are ceilings)",
+    )
+    register.add_argument(
+        "--prompt",
+        action="append",
+        default=[],
+        metavar="NAME=TEXT",
+        help="a named prompt a request picks by prompt_name, put before each text (repeat "
+        "for more), e.g. --prompt 'query=query: '; over those of SRC's "
+        "config_sentence_transformers.json (embedding models)",
+    )
+    register.add_argument(
+        "--default-prompt",
+        metavar="NAME",
+        help="the prompt put before texts whose request names none (default: SRC's "
+        "default_prompt_name, if any)",
     )
     register.set_defaults(func=cmd_register)
 

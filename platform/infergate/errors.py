@@ -44,6 +44,14 @@ class InvalidInput(InfergateError):
     kind = "invalid_input"
 
 
+class WrongTask(InfergateError):
+    """A route of Text Embeddings Inference's API asked of a model of a task it does not
+    serve (``/embed`` of a classifier): TEI answers 424, which its clients expect."""
+
+    status = 424
+    kind = "wrong_task"
+
+
 class MalformedBody(InfergateError):
     status = 400
     kind = "malformed_body"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,11 @@ class Spec:
     max_length: int
     precision: str = ""  # int8, fp16 or fp32 (translation's Triton model reads it)
     max_decoding_length: int = 0  # translation: the most tokens the model can generate
+    # Named instruction prefixes (sentence-transformers' ``prompts``): a request's
+    # ``prompt_name`` picks one, put before each text; the default goes before a text
+    # whose request names none (infergate.serving.prompts).
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Spec:
@@ -120,6 +125,8 @@ class Spec:
             max_length=int(data["max_length"]),
             precision=str(data.get("precision", "")),
             max_decoding_length=int(data.get("max_decoding_length", 0)),
+            prompts={str(k): str(v) for k, v in data.get("prompts", {}).items()},
+            default_prompt_name=data.get("default_prompt_name"),
         )
 
 

@@ -147,9 +147,12 @@ def run_bash(block: Block, stack: Stack, folder: Path) -> None:
 def run_python(block: Block, stack: Stack, folder: Path) -> None:
     script = folder / f"{Path(block.page).stem}_line_{block.line}.py"
     script.write_text(at_the_stack(block.code, stack))
+    # A reader's Python runs without the stack's HF_HUB_OFFLINE, which huggingface_hub's
+    # InferenceClient obeys even for a local server (it refuses every request).
+    env = {key: value for key, value in stack.env.items() if key != "HF_HUB_OFFLINE"}
     done = subprocess.run(
         [sys.executable, "-c", PRINT_HOOK, str(script)],
-        cwd=folder, env=stack.env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=folder, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     *calls, after_the_last = done.stdout.split(END_OF_PRINT)

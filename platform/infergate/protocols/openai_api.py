@@ -30,6 +30,7 @@ from infergate.protocols.wire import (
     validate_texts,
 )
 from infergate.serving.postprocess import l2_normalize
+from infergate.serving.prompts import PROMPT_NAME
 from infergate.tasks import TASKS
 
 if TYPE_CHECKING:
@@ -57,6 +58,12 @@ class EmbeddingsBody(Body):
         None, ge=1, description="Keep the first dimensions, then scale to unit length."
     )
     user: str | None = Field(None, description="Accepted and ignored.")
+    prompt_name: str | None = Field(
+        None,
+        description="infergate's: a prompt the model was registered with, put before each "
+        "text (default: its default prompt, if it has one). openai's client sends it in "
+        "extra_body.",
+    )
 
     @classmethod
     def check(cls, payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
@@ -92,9 +99,16 @@ class EmbeddingsBody(Body):
         user = payload.get("user")
         if user is not None and not isinstance(user, str):  # accepted, not used
             raise InvalidInput(f"'user' must be a string, got {json_type(user)}", param="user")
+        prompt_name = payload.get(PROMPT_NAME)
+        if prompt_name is not None and not isinstance(prompt_name, str):
+            raise InvalidInput(
+                f"'{PROMPT_NAME}' must be a string, got {json_type(prompt_name)}",
+                param=PROMPT_NAME,
+            )
         return {
             "model": model,
             "input": texts,
+            PROMPT_NAME: prompt_name,
             "encoding_format": encoding or "float",
             "dimensions": dimensions,
             "user": user,
@@ -107,7 +121,8 @@ def parse_embeddings(body: bytes, limits: Limits) -> PredictRequest:
     request = EmbeddingsBody.parse(body, limits)
     texts = request.input if isinstance(request.input, list) else [request.input]
     extra = {"encoding_format": request.encoding_format, "dimensions": request.dimensions}
-    return PredictRequest(texts=texts, model=request.model, extra=extra)
+    parameters = {PROMPT_NAME: request.prompt_name} if request.prompt_name is not None else {}
+    return PredictRequest(texts=texts, parameters=parameters, model=request.model, extra=extra)
 
 
 def _refuse_token_ids(inputs: Any) -> None:

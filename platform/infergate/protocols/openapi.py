@@ -28,9 +28,23 @@ from infergate.protocols.schemas import (
     PredictResponse,
     RerankResponse,
     RerankResult,
+    TeiErrorBody,
+    TeiInfo,
+    TeiPrediction,
+    TeiSparseValue,
+    TeiToken,
     V2InferResponse,
     V2ModelMetadata,
     V2ServerMetadata,
+)
+from infergate.protocols.tei_bodies import (
+    DecodeBody,
+    TeiEmbedBody,
+    TeiModelRerankBody,
+    TeiPredictBody,
+    TeiSimilarityBody,
+    TeiSparseBody,
+    TokenizeBody,
 )
 from infergate.protocols.v2_request import V2InferRequest
 from infergate.protocols.wire import PredictBody
@@ -142,6 +156,58 @@ OPENAI_MODEL = {
     }
 }
 
+# -- Text Embeddings Inference's API (infergate.protocols.tei) -----------------------------
+
+_TEI_ERRORS = {
+    **ERRORS,
+    "424": "A route the model's task does not serve (/embed of a classifier).",
+    "429": "Rate limited or overloaded.",
+}
+
+
+def _array(items: dict[str, Any], depth: int = 1) -> dict[str, Any]:
+    for _ in range(depth):
+        items = {"type": "array", "items": items}
+    return items
+
+
+def _tei_operation(
+    summary: str, body: type[BaseModel] | None, answer: dict[str, Any], errors: bool = True
+) -> dict[str, Any]:
+    ok = {"description": "TEI's answer", "content": {"application/json": {"schema": answer}}}
+    operation: dict[str, Any] = {"summary": summary, "tags": ["Text Embeddings Inference"]}
+    if body is not None:
+        operation["requestBody"] = {"required": True, **_json(body, "TEI's request")}
+    responses = {"200": {**ok, "headers": TIMING_HEADERS} if errors else ok}
+    responses.update({code: _json(TeiErrorBody, text) for code, text in _TEI_ERRORS.items()})
+    return {**operation, "responses": responses}
+
+
+_VECTORS = _array({"type": "number"}, 2)
+_LABELS = {"oneOf": [_array(_ref(TeiPrediction)), _array(_ref(TeiPrediction), 2)]}
+TEI_ROOT = _tei_operation(
+    "The route of the model's task (embed, embed_sparse, predict or rerank; a "
+    "token-classification model answers Hugging Face's inference API shape)",
+    None,
+    {"oneOf": [_VECTORS, _LABELS, _array(_ref(TeiSparseValue), 2), _array(_ref(RerankResult))]},
+)
+TEI_EMBED = _tei_operation("Embeddings (feature-extraction)", TeiEmbedBody, _VECTORS)
+TEI_EMBED_SPARSE = _tei_operation(
+    "Sparse embeddings (sparse-embedding)", TeiSparseBody, _array(_ref(TeiSparseValue), 2)
+)
+TEI_PREDICT = _tei_operation("Labels, best first (text-classification)", TeiPredictBody, _LABELS)
+TEI_RERANK = _tei_operation(
+    "Texts ranked against a query (text-ranking)", TeiModelRerankBody, _array(_ref(RerankResult))
+)
+TEI_SIMILARITY = _tei_operation(
+    "Cosine of each sentence with the source (feature-extraction)",
+    TeiSimilarityBody,
+    _array({"type": "number"}),
+)
+TEI_TOKENIZE = _tei_operation("Tokens", TokenizeBody, _array(_ref(TeiToken), 2), errors=False)
+TEI_DECODE = _tei_operation("Token ids to text", DecodeBody, _array({"type": "string"}), False)
+TEI_INFO = _tei_operation("The model", None, _ref(TeiInfo), errors=False)
+
 _V2_NOT_FOUND = {"404": _json(ErrorBody, "Unknown model or version")}
 _V2_INFER_ERRORS = {
     **{code: _json(ErrorBody, text) for code, text in ERRORS.items()},
@@ -244,6 +310,13 @@ _MODELS: dict[str, type[BaseModel]] = {
         RerankBody,
         TeiRerankBody,
         V2InferRequest,
+        TeiEmbedBody,
+        TeiSparseBody,
+        TeiPredictBody,
+        TeiModelRerankBody,
+        TeiSimilarityBody,
+        TokenizeBody,
+        DecodeBody,
     ]
     if isinstance(value, type) and issubclass(value, BaseModel) and value is not BaseModel
 }

@@ -173,3 +173,48 @@ class V2ServerMetadata(BaseModel):
     name: str
     version: str
     extensions: list[str]
+
+
+# -- Text Embeddings Inference's answers (infergate.protocols.tei_answers) --------------------
+
+
+class TeiErrorBody(BaseModel):
+    error: str = Field(description="What was wrong and how to fix it.")
+    error_type: Literal["validation", "tokenizer", "backend", "overloaded", "unhealthy"]
+
+
+class TeiPrediction(BaseModel):
+    label: str
+    score: float
+
+
+class TeiSparseValue(BaseModel):
+    index: int = Field(description="A token id with a weight above 0.")
+    value: float
+
+
+class TeiToken(BaseModel):
+    id: int
+    text: str = Field(description="The text the token stands for; a special token's name.")
+    special: bool
+    start: int | None = Field(description="Character span in the text; null if special.")
+    stop: int | None
+
+
+class TeiInfo(BaseModel):
+    model_id: str = Field(description="The served model's name.")
+    model_sha: None = None
+    model_dtype: str = Field(description="The precision it was registered at.")
+    model_type: dict[str, dict[str, object]] = Field(
+        description='{"embedding": {"pooling"}}, {"classifier": {"id2label", "label2id"}} '
+        'or {"reranker": ...}'
+    )
+    max_input_length: int = Field(description="Tokens per text; longer texts are cut.")
+    max_batch_tokens: int
+    max_client_batch_size: int = Field(description="Texts per request.")
+    auto_truncate: bool
+    tokenization_workers: int
+    version: str = Field(description="infergate's version.")
+    model_version: str = Field(description="The model version that answered.")
+    prompts: dict[str, str] = Field(description="The version's named prompts.")
+    default_prompt_name: str | None

@@ -15,6 +15,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
+from infergate.serving.prompts import PROMPT_NAME
 from infergate.tasks import TASKS
 
 if TYPE_CHECKING:
@@ -22,7 +23,10 @@ if TYPE_CHECKING:
     from infergate.serving.runtime import ModelRuntime, Prediction
 
 # Every task's request parameters (infergate.tasks); a model refuses those of others.
+# ``prompt_name`` picks a named prompt of the version, for any task's model registered with
+# prompts (infergate.serving.prompts).
 PARAMETERS = {key: kind for task in TASKS.values() for key, kind in task.parameters.items()}
+PARAMETERS[PROMPT_NAME] = str
 EXAMPLE = '{"inputs": "I love this film"} or {"inputs": ["first text", "second text"]}'
 
 
@@ -47,7 +51,11 @@ class Body(BaseModel):
 
     @classmethod
     def parse(cls: type[BodyT], body: bytes, limits: Limits) -> BodyT:
-        payload = json_object(body, limits, cls.example)
+        return cls.parse_value(json_object(body, limits, cls.example), limits)
+
+    @classmethod
+    def parse_value(cls: type[BodyT], payload: dict[str, Any], limits: Limits) -> BodyT:
+        """A JSON object already read (a body, or an object inside one) through the type."""
         refuse_unknown_fields(payload, frozenset(cls.model_fields))
         try:
             return cls.model_validate(payload, context=limits)
@@ -76,12 +84,14 @@ class PredictBody(Body):
     parameters: dict[str, bool | str | int] = Field(
         default_factory=dict,
         description="Optional, per task. feature-extraction: 'normalize' (default true) "
-        "L2-normalises. text-ranking: 'query' (required), the query each text is scored "
-        "against; 'raw_scores' (default false): log-odds instead of 0..1 scores. "
+        "L2-normalises. text-classification: 'raw_scores' (default false): the logits "
+        "instead of probabilities. text-ranking: 'query' (required), the query each text "
+        "is scored against; 'raw_scores' (default false): log-odds instead of 0..1 scores. "
         "sparse-embedding: 'top_k', the k heaviest terms only. token-classification: "
         "'aggregation_strategy', none, simple (default), first, max or average. "
         "translation: 'beam_size' (1 to 8, default 1) and 'max_decoding_length' (1 to 512, "
-        "default 128).",
+        "default 128). Models registered with prompts: 'prompt_name', the prompt put "
+        "before each text (default: the model's default prompt, if it has one).",
     )
 
     @classmethod

@@ -19,7 +19,7 @@ import json
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ from infergate import tasks
 from infergate.config import TritonSettings
 from infergate.errors import ModelNotFound, RegistrationError
 from infergate.observe.reference import reference_stats
+from infergate.registration.prompts import prompt_spec
 from infergate.registration.quality import Budget, QualityReport
 from infergate.registration.reference_texts import (
     DEFAULT_REFERENCE_TEXTS,
@@ -88,6 +89,8 @@ def register_model(
     triton: TritonSettings | None = None,
     progress: bool = True,
     onnx_file: str | None = None,
+    prompts: dict[str, str] | None = None,
+    default_prompt: str | None = None,
 ) -> Registered:
     """Register ``src`` as a new version of ``name``; ``quality_budget`` is
     ``infergate.registration.quality.Budget.parse``'s text (``default``, ``none`` or
@@ -97,7 +100,9 @@ def register_model(
     (``tasks.Task.engine``): exported from PyTorch to ONNX, or, with ``onnx_file`` (or
     when the folder has an ONNX file and no PyTorch weights), the folder of the tokenizer
     and config beside a graph registered as it is (``infergate.registration.onnx_folder``);
-    a translation model is converted by CTranslate2 (``infergate.registration.ct2_export``)."""
+    a translation model is converted by CTranslate2 (``infergate.registration.ct2_export``).
+    ``prompts`` (name -> text) and ``default_prompt`` are the version's named prompts,
+    over those of the folder's sentence-transformers config (``registration.prompts``)."""
     if task not in tasks.TASKS:
         raise RegistrationError(
             f"task {task!r} is not supported; choose one of {list(tasks.TASKS)}"
@@ -125,8 +130,13 @@ def register_model(
     with tempfile.TemporaryDirectory(prefix="infergate-register-") as tmp:
         work = Path(tmp)
         source = resolve_source(src, work / "source")
+        named = prompt_spec(task, source, prompts, default_prompt)  # refused before the build
+        # The reference texts as served: with the default prompt, if there is one, before
+        # each (the quality measures and the drift baseline see what requests will).
+        default = named.get("prompts", {}).get(named.get("default_prompt_name"), "")
+        asked = replace(asked, texts=[default + text for text in asked.texts])
         built = ENGINES[served.engine](asked, source, work / "model")
-        return _store(registry, asked, built, alias)
+        return _store(registry, asked, replace(built, spec={**built.spec, **named}), alias)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import numpy as np
 from infergate import tasks
 from infergate.observe.metrics import INFERENCE, POSTPROCESS, TOKENIZE, Stage
 from infergate.serving.batching import Backend
+from infergate.serving.prompts import prompt_for, prompted, split_prompt
 from infergate.serving.tokenization import Batch, TextTokenizer
 from infergate.tasks import Figures
 from infergate.versions import ServedVersion, Spec
@@ -77,9 +78,12 @@ class ModelRuntime:
         self, texts: list[str], parameters: dict[str, Any], backend: Backend
     ) -> Prediction:
         task = self.task
+        prompt_name, parameters = split_prompt(parameters)
         task.check_parameters(parameters, self.served.name)
+        # The texts as the model sees them (character offsets in an answer index these).
+        seen = prompted(texts, prompt_for(self.spec, prompt_name, self.served.name))
         start = time.perf_counter()
-        batch = task.tokenize(self.tokenizer, texts, parameters)
+        batch = task.tokenize(self.tokenizer, seen, parameters)
         tokenized = time.perf_counter()
         extra = task.inference_inputs(batch, parameters)
         self.in_flight += 1
@@ -97,7 +101,7 @@ class ModelRuntime:
             self.in_flight -= 1
         inferred = time.perf_counter()
         labels = self.spec.labels
-        outputs, raw = task.answer(raw, batch, texts, labels, parameters, self.tokenizer)
+        outputs, raw = task.answer(raw, batch, seen, labels, parameters, self.tokenizer)
         figures = task.figures(raw, batch, labels)
         done = time.perf_counter()
         timings = Timings(tokenized - start, inferred - tokenized, done - inferred)

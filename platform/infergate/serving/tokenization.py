@@ -49,6 +49,18 @@ class Batch:
     word_ids: list[list[int | None]] | None = None
 
 
+@dataclass(frozen=True)
+class Token:
+    """One token of a text: its id, the text it stands for (a special token's own name),
+    and that text's character span, None for special tokens."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    end: int | None
+
+
 class TextTokenizer:
     """Wraps a ``tokenizer.json`` with truncation to the model's max length."""
 
@@ -66,9 +78,29 @@ class TextTokenizer:
     def from_dir(cls, path: Path, max_length: int) -> TextTokenizer:
         return cls(Tokenizer.from_file(str(Path(path) / "tokenizer.json")), max_length)
 
-    def decode_batch(self, ids: list[list[int]]) -> list[str]:
-        """Texts of token ids, special tokens left out (translation's outputs)."""
-        return list(self._tokenizer.decode_batch(ids, skip_special_tokens=True))
+    def decode_batch(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """Texts of token ids, special tokens left out unless asked (translation's outputs)."""
+        return list(self._tokenizer.decode_batch(ids, skip_special_tokens=skip_special_tokens))
+
+    def tokens(self, texts: list[str], add_special_tokens: bool = True) -> list[list[Token]]:
+        """Each text's tokens as the model sees them (truncated at ``max_length``), with
+        the span of the text each stands for."""
+        found = []
+        for text in texts:
+            encoding = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+            spans = zip(
+                encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets,
+                strict=True,
+            )  # fmt: skip
+            found.append(
+                [
+                    Token(id, token, True, None, None)
+                    if special
+                    else Token(id, text[start:end], False, start, end)
+                    for id, token, special, (start, end) in spans
+                ]
+            )
+        return found
 
     def __call__(
         self,

@@ -109,6 +109,12 @@ class Task:
     # embeddings, and the KServe V2 protocol's tensors (its output names, in order).
     reranks: ClassVar[bool] = False
     openai_embeddings: ClassVar[bool] = False
+    # Text Embeddings Inference's route that serves it (``infergate.protocols.tei``):
+    # "embed", "embed_sparse", "predict" or "rerank"; "entities" for token classification,
+    # which TEI lacks (Hugging Face's inference API shape, at the TEI base URL's root).
+    tei_route: ClassVar[str | None] = None
+    # Registered with named prompts (instruction prefixes) a request picks by name.
+    takes_prompts: ClassVar[bool] = False
     v2_outputs: ClassVar[tuple[str, ...]] = ()
     # The shadow stage's floor: the share of texts on which a good canary agrees with its
     # champion (a retrained version differs on some). Policy tags override it.

@@ -28,6 +28,8 @@ class TextClassification(Task):
     quality_budget: ClassVar[Mapping[str, float]] = {"label_agreement": 0.99}
     graph_outputs = ("logits",)
     needs_labels = True
+    # raw_scores: the logits in place of the softmax's probabilities.
+    parameters: ClassVar[Mapping[str, type]] = {"raw_scores": bool}
     value_key = "confidence"  # the probability of the predicted class
     value_metric = m.CONFIDENCE
     value_edges = CONFIDENCE_EDGES
@@ -35,6 +37,7 @@ class TextClassification(Task):
     category_feature = "predicted_class"
     category_metric = m.PREDICTED_CLASS
     v2_outputs = ("probabilities", "label")
+    tei_route = "predict"
     shadow_agreement = 0.95  # a retrained classifier changes a few borderline labels
 
     def postprocess(
@@ -46,7 +49,8 @@ class TextClassification(Task):
         parameters: Mapping[str, Any],
     ) -> tuple[Any, np.ndarray]:
         probabilities = softmax(raw)
-        return classification_outputs(probabilities, labels), probabilities
+        scores = raw.astype(np.float64) if parameters.get("raw_scores") else probabilities
+        return classification_outputs(scores, labels), probabilities
 
     def figures(self, raw: np.ndarray, batch: Batch | None, labels: Sequence[str]) -> Figures:
         n_classes = raw.shape[-1]

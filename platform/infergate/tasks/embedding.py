@@ -37,6 +37,8 @@ class FeatureExtraction(Task):
     value_metric = m.EMBEDDING_NORM
     centroid = True
     openai_embeddings = True
+    tei_route = "embed"
+    takes_prompts = True
     v2_outputs = ("embedding",)
     shadow_agreement = 0.8  # of texts keeping their nearest neighbour (Neighbours)
 

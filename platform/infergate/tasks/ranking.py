@@ -53,6 +53,7 @@ class TextRanking(Task):
     value_key = "relevance_score"
     value_metric = m.RELEVANCE_SCORE
     reranks = True
+    tei_route = "rerank"
 
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
         super().check_parameters(parameters, model)

@@ -45,6 +45,8 @@ class SparseEmbedding(Task):
     parameters: ClassVar[Mapping[str, type]] = {"top_k": int}
     value_key = "nonzero_terms"  # terms with a weight above 0, per text
     value_metric = m.SPARSE_TERMS
+    tei_route = "embed_sparse"
+    takes_prompts = True
     shadow_agreement = 0.9  # of texts whose term weights keep a cosine of MIN_COSINE
 
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:

@@ -161,6 +161,7 @@ class TokenClassification(Task):
     graph_outputs = ("logits",)
     needs_labels = True
     parameters: ClassVar[Mapping[str, type]] = {"aggregation_strategy": str}
+    tei_route = "entities"
     value_key = "entities_per_text"  # counted with the simple strategy, whatever was asked
     value_metric = m.ENTITIES_PER_TEXT
     category_key = "entity_types"

@@ -316,7 +316,7 @@ def test_the_openapi_document_has_the_openai_paths():
             "/openai/v1/models/{model}"} <= set(paths)  # fmt: skip
     schemas = openapi_document()["components"]["schemas"]
     assert set(schemas["EmbeddingsBody"]["properties"]) == {
-        "model", "input", "encoding_format", "dimensions", "user"}  # fmt: skip
+        "model", "input", "encoding_format", "dimensions", "user", "prompt_name"}  # fmt: skip
 
 
 def test_the_check_reads_the_picked_versions_spec(tokenizer):
