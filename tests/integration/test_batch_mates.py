@@ -56,19 +56,22 @@ def _two_layer_minilm(folder: Path) -> Path:
     return folder
 
 
-def _graphs(folder: Path, task: str, settings: tuple[str, ...], work: Path) -> dict[str, Path]:
-    """``folder`` built for ``task`` at each of ``settings``, each saved as registration
-    saves the served graph; and the built folder's tokenizer at ``"tokenizer"``."""
+def _graphs(
+    folder: Path, task: str, settings: tuple[str, ...], work: Path
+) -> tuple[onnx_export.BuildResult, dict[str, Path]]:
+    """``folder`` built for ``task`` at fp32, and its graph at each of ``settings`` saved
+    as registration saves the served graph."""
     built = onnx_export.build(folder, task, "fp32", work / "fp32", progress=False)
     shutil.copyfile(built.onnx_path, work / "optimised.onnx")
-    graphs = {"tokenizer": built.tokenizer_dir}
+    graphs = {}
     for setting in settings:
         graphs[setting] = work / f"served-{setting}.onnx"
         if setting == "fp32":
             shutil.copyfile(built.onnx_path, graphs[setting])
-            continue
-        quantise.save_served_graph(quantise.convert(None, work, setting), graphs[setting])
-    return graphs
+        else:
+            converted = quantise.convert(None, work, setting)
+            quantise.save_served_graph(converted, graphs[setting])
+    return built, graphs
 
 
 @pytest.fixture(scope="module")
@@ -99,29 +102,19 @@ def served(triton: RunningTriton, tmp_path_factory: pytest.TempPathFactory) -> l
     result = []
     try:
         for task, folder, precisions in models:
-            graphs = _graphs(folder, task, precisions, work / task)
+            built, graphs = _graphs(folder, task, precisions, work / task)
             task_info = tasks.get(task)
-            tokenizer = TextTokenizer.from_dir(graphs["tokenizer"], 128)
-            probe = tokenizer([SHORT], query=QUERY if task_info.pairs else None)
-            output_dim = int(_session_output(graphs[precisions[0]], probe).shape[-1])
+            tokenizer = TextTokenizer.from_dir(built.tokenizer_dir, built.max_length)
             for setting in precisions:
                 name = f"{task}-{setting}__1"
                 write_model(triton.repository, name, graphs[setting],
-                            output_name=task_info.output_name, output_dim=output_dim,
+                            output_name=built.output_name, output_dim=built.output_dim,
                             settings=settings)  # fmt: skip
                 control.load(name, timeout_s=60)
                 result.append(Served(name, task_info.output_name, tokenizer, task_info.pairs))
     finally:
         control.close()
     return result
-
-
-def _session_output(path: Path, batch) -> np.ndarray:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
-    return session.run(None, feeds)[0]
 
 
 def _distances(alone: np.ndarray, batched: np.ndarray) -> tuple[float, float]:
