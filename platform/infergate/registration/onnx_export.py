@@ -312,7 +312,7 @@ def save_served(
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer_dir, onnx_path = out_dir / "tokenizer", out_dir / "model.onnx"
     shutil.copytree(work / "tokenizer", tokenizer_dir, dirs_exist_ok=True)
-    shutil.copyfile(onnx_file, onnx_path)
+    quantise.save_served_graph(onnx_file, onnx_path)
     return tokenizer_dir, onnx_path
 
 

@@ -40,7 +40,8 @@ int8         0.28                      0.052 *               0.45       0.18 *
 int8 in more detail (dynamic quantisation, per-channel weights): on the 406 texts of
 ``registry/demo/sentiment.tsv`` run alone, the lowest embedding cosine was 0.964; in 20
 random padded batches of 32 it was 0.950 (dynamic quantisation scales activations per
-batch, so results depend on the batch). For the classifier, probabilities near the
+batch, so results depend on the batch; Triton's model now runs such graphs text by text,
+``infergate/triton/backend_model.py``). For the classifier, probabilities near the
 decision boundary move most: up to 0.33 alone and 0.53 in the worst batch, with 99.3% of
 argmaxes agreeing; held-out accuracy went from 0.939 (fp32) to 0.927 (int8). Across
 classifiers trained with seeds 0-3 the default-text softmax difference was 0.04-0.18 and

@@ -4,8 +4,10 @@ quality budget (``infergate.registration.quality``).
 ``--precision int8`` tries, fastest first:
 
 - ``int8-dynamic``: ONNX Runtime's dynamic quantisation, int8 weights per output channel,
-  activations quantised per call with one scale for the whole input (so a text's result
-  also depends on the texts batched with it), every MatMul and fused Attention.
+  activations quantised per call with one scale for the whole input, every MatMul and
+  fused Attention. That scale would make a text's result depend on the texts (and the
+  padding) batched with it, so the served graph is marked (:func:`save_served_graph`)
+  and Triton's model runs each of its texts alone, on its own tokens.
 - ``int8-blockwise``: ONNX Runtime's ``MatMulNBits`` at 8 bits: int8 weights in blocks of
   128 along the input dimension, and with ``accuracy_level`` 4 activations quantised to
   int8 per row and block at run time, so an outlier costs only its own block. The fused
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,13 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "fp32": ("fp32",),
 }
 AS_GIVEN = "as-given"  # an already-quantised graph, served with its own quantisation
+# Operators that quantise activations with a scale taken from the whole call's input.
+PER_CALL_SCALE_OPS = frozenset(
+    {"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"}
+)
+# Metadata of a served graph with such operators; ``infergate/triton/backend_model.py``
+# reads it (under the same name: it cannot import this module) and runs rows alone.
+ROWS_ALONE_KEY = "infergate.rows_alone"
 BLOCK_SIZE = 128
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations, int8 compute
 
@@ -148,6 +158,23 @@ def convert(optimised: Any, work: Path, setting: str) -> Path:
     except Exception as exc:
         raise RegistrationError(f"{setting} conversion failed: {first_line(exc)}") from None
     return out
+
+
+def save_served_graph(graph: Path, target: Path) -> bool:
+    """Copy ``graph`` to ``target``, marked with ``ROWS_ALONE_KEY`` if its activations get
+    one scale per call (``PER_CALL_SCALE_OPS``); whether it was marked."""
+    model = onnx.load(str(graph), load_external_data=False)
+    if not {node.op_type for node in model.graph.node} & PER_CALL_SCALE_OPS:
+        shutil.copyfile(graph, target)
+        return False
+    model = onnx.load(str(graph))  # with any external data, to write one file
+    kept = [p for p in model.metadata_props if p.key != ROWS_ALONE_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(
+        [*kept, onnx.StringStringEntryProto(key=ROWS_ALONE_KEY, value="true")]
+    )
+    onnx.save(model, str(target))
+    return True
 
 
 def _matmul_nbits() -> Any:
