@@ -303,7 +303,8 @@ def _cost_section(results: dict[str, Any]) -> list[str]:
         f"of these (a baseline). Cores per GPU: front-end CPU per sequence times {gpu:,.0f} "
         "sequences/s (`--gpu-sequences-per-s`; default an H200 running the model in fp16 at "
         "16 tokens): the replica alone, and with the ingress (front-end). The lean scenario's "
-        "replica figure also carries the idle platform replica beside it.",
+        "replica figure also carries the idle platform replica beside it; the in-process "
+        "scenario's replica runs the model too.",
     ]
     return out
 
