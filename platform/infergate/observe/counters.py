@@ -4,7 +4,6 @@ for canary analysis, without Prometheus. Cumulative, so windows are differences:
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,8 +103,7 @@ class VersionCounters:
         self.requests += 1
         if status >= 500:
             self.errors += 1
-        # bisect_left is np.searchsorted's default side, without numpy's cost on a scalar.
-        self.latency[bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        self.latency[int(np.searchsorted(LATENCY_BUCKETS_S, seconds))] += 1
         if shares is None or not len(shares):
             return
         if classes:

@@ -20,16 +20,7 @@ from starlette.responses import Response
 
 from infergate.config import FrontendSettings
 from infergate.errors import InfergateError
-from infergate.http import (
-    JSON,
-    SlowUploads,
-    answer,
-    error_response,
-    json_body,
-    json_response,
-    read_body,
-    request_path,
-)
+from infergate.http import SlowUploads, answer, error_response, json_response, read_body
 from infergate.observe.metrics import TOTAL
 from infergate.observe.monitor import Monitors
 from infergate.observe.telemetry import Telemetry
@@ -98,12 +89,11 @@ class Frontend:
     async def handle(self, request: Request) -> Response:
         self.in_flight += 1
         try:
-            path = request_path(request)
             try:
-                route, params = ROUTES.match(request.method, path)
+                route, params = ROUTES.match(request.method, request.url.path)
             except InfergateError as error:
                 return error_response(error)
-            what = f"{request.method} {path}"
+            what = f"{request.method} {request.url.path}"
             handler = getattr(self, route.handler)
 
             async def authenticated() -> Response:
@@ -249,13 +239,9 @@ class Frontend:
             runtime = call.runtime
             assert runtime is not None
             rendered = render(Answer(model, runtime, prediction, parsed))
-            if isinstance(rendered, Response):
-                rendered.headers.update(_timing_headers(prediction, call.elapsed_s(), runtime))
-                return rendered
-            content = json_body(rendered)  # rendered before the total time is taken
-            headers = _timing_headers(prediction, call.elapsed_s(), runtime)
-            # Headers given to the constructor: updating them after costs a scan each.
-            return Response(content, headers=headers, media_type=JSON)
+            response = rendered if isinstance(rendered, Response) else json_response(rendered)
+            response.headers.update(_timing_headers(prediction, call.elapsed_s(), runtime))
+            return response
 
     async def _readyz(self, request: Request) -> Response:
         return json_response({"status": "ready", "models": await self.path.ready()})
