@@ -192,6 +192,35 @@ def test_the_lean_front_end_answers_on_the_stack_and_leaves_nothing_behind(resul
     assert set(shares) == {"c32-t1-n16", "c32-t16-n16"} and min(shares.values()) > 0
 
 
+def test_the_cost_of_a_request_is_split_by_part_and_priced_in_cores_per_gpu(results, out: Path):
+    """Every c=32 cell's CPU per request and per sequence, by part of the stack, and the
+    front-end cores a GPU at the run's rate (the H200 default) would need."""
+    from infergate.bench.cost import H200_FP16_16_TOKENS_SEQUENCES_PER_S
+
+    assert results["meta"]["gpu_sequences_per_s"] == H200_FP16_16_TOKENS_SEQUENCES_PER_S
+    rows = {(r["scenario"], r["cell"]): r for r in results["cost"]}
+    expected = {(n, c.key) for n in (*SCENARIOS, *STACK_SCENARIOS) for c in TARGET_CELLS
+                if c.concurrency == 32}  # fmt: skip
+    assert set(rows) == expected
+    for (scenario, _), row in rows.items():
+        assert row["total_ms_per_request"] > 0
+        assert all(v >= 0 for v in row["ms_per_request"].values())
+        if scenario in STACK_SCENARIOS:  # a stack: ingress, replica, Triton, Ray apart
+            assert {"ingress", "replica", "triton", "ray"} <= set(row["ms_per_request"])
+            assert row["ms_per_request"]["replica"] > 0 and row["ms_per_request"]["triton"] > 0
+            assert row["replica_cores_per_gpu"] > 0
+            assert row["front_end_cores_per_gpu"] > row["replica_cores_per_gpu"]
+            per_sequence = row["us_per_sequence"]["replica"] * 1e-6
+            assert row["replica_cores_per_gpu"] == pytest.approx(
+                per_sequence * H200_FP16_16_TOKENS_SEQUENCES_PER_S, rel=0.01, abs=0.1
+            )
+        elif scenario == "floor":  # Ray Serve's ingress and a replica, no model
+            assert row["replica_cores_per_gpu"] > 0 and "triton" not in row["ms_per_request"]
+        else:  # a server of one piece: no front-end apart from the model
+            assert row["front_end_cores_per_gpu"] is None
+    assert "## What a request costs" in (out / "results.md").read_text()
+
+
 def test_a_task_cell_runs_against_its_ceiling(results, out: Path):
     """`bench --smoke --tasks`: the short form of the task cells, feature-extraction on the
     whole stack against its own ceiling (the first run on a machine also registers the

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from infergate.bench.cost import H200_FP16_16_TOKENS_SEQUENCES_PER_S
 from infergate.config import PROJECT_ROOT
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
         quiet_wait_s=args.wait_quiet,
         noisy_retries=args.noisy_retries,
         variants=tuple(args.variant or ()),
+        gpu_sequences_per_s=args.gpu_sequences_per_s,
     )
 
 
@@ -134,6 +136,13 @@ def task_failures(tasks: dict) -> list[str]:
         if (record.get("ceiling") or {}).get("error"):
             failed.append(f"tasks: {task} ceiling")
     return failed
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a rate above 0")
+    return value
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -205,6 +214,14 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         metavar="LABEL:NAME=VALUE[,...]",
         help="also measure infergate with these environment settings, side by side; "
         "repeatable (e.g. 'one-instance:INFERGATE_TRITON__INSTANCE_COUNT=1')",
+    )
+    bench.add_argument(
+        "--gpu-sequences-per-s",
+        type=_positive,
+        default=H200_FP16_16_TOKENS_SEQUENCES_PER_S,
+        metavar="RATE",
+        help="the GPU the cost table prices front-end cores against: its sequences/s "
+        "(default: an H200, fp16, 16 tokens, 253,000)",
     )
     bench.add_argument("--check", action="store_true", help="exit 2 when a target is missed")
     bench.set_defaults(func=cmd_bench)

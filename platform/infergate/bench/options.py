@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from infergate.bench.cost import H200_FP16_16_TOKENS_SEQUENCES_PER_S
 from infergate.bench.workload import Profile
 
 ALL_SCENARIOS = (
@@ -53,3 +54,5 @@ class BenchOptions:
     variants: tuple[Variant, ...] = ()
     tasks: tuple[str, ...] = ()  # the task cells to measure (infergate.bench.task_cells)
     peers: tuple[str, ...] = ()  # peers measured in the feature-extraction task cell
+    # The GPU the cost table prices front-end cores against (infergate.bench.cost).
+    gpu_sequences_per_s: float = H200_FP16_16_TOKENS_SEQUENCES_PER_S

@@ -26,6 +26,7 @@ from infergate.bench.analysis import (
     task_rows,
     triton_hop,
 )
+from infergate.bench.cost import PARTS, cost_rows, gpu_rate
 from infergate.bench.plots import write_plots
 from infergate.bench.targets import evaluate_targets
 
@@ -196,6 +197,7 @@ def _scenario_sections(results: dict[str, Any]) -> list[str]:
             if r["concurrency"] == 32
         ),
     )
+    out += _cost_section(results)
     shares = ceiling_shares(results)
     if shares:
         out += ["", "## Share of the ceiling (seq/s at c=32 over the ceiling's best seq/s)", ""]
@@ -263,6 +265,47 @@ def _scenario_sections(results: dict[str, Any]) -> list[str]:
                 for h in hop
             ),
         )
+    return out
+
+
+def _cost_section(results: dict[str, Any]) -> list[str]:
+    """CPU per request and per sequence by part of the stack, and the front-end cores a GPU
+    needs (:mod:`infergate.bench.cost`)."""
+    gpu = gpu_rate(results)
+    rows = cost_rows(results, gpu)
+    if not rows:
+        return []
+    parts = [part for part, _ in PARTS] + ["server"]
+    shown = [p for p in parts if any(p in r["ms_per_request"] for r in rows)]
+    out = ["", "## What a request costs (c=32 cells, CPU from /proc)", ""]
+    out += _table(
+        ["scenario", "cell", *(f"{p} ms/req" for p in shown), "total ms/req",
+         "replica us/seq", "front-end us/seq", "replica cores/GPU", "front-end cores/GPU"],
+        (
+            [
+                r["scenario"], r["cell"],
+                *(_num(r["ms_per_request"].get(p), 3) for p in shown),
+                _num(r["total_ms_per_request"], 3),
+                _num(r["us_per_sequence"].get("replica"), 1),
+                _num(r["front_end_us_per_sequence"], 1),
+                _num(r["replica_cores_per_gpu"], 0),
+                _num(r["front_end_cores_per_gpu"], 0),
+            ]
+            for r in rows
+        ),
+    )  # fmt: skip
+    out += [
+        "",
+        "CPU milliseconds per request, all cores together, by part: the ingress (HAProxy, "
+        "Serve's proxy), the Serve replicas, Triton (server and model stubs), the control "
+        "plane (`infergate up`'s supervisor, MLflow, Prometheus) and Ray's own processes "
+        "(Serve's controller, agents, GCS, raylet); 'server' is a whole server that is none "
+        f"of these (a baseline). Cores per GPU: front-end CPU per sequence times {gpu:,.0f} "
+        "sequences/s (`--gpu-sequences-per-s`; default an H200 running the model in fp16 at "
+        "16 tokens): the replica alone, and with the ingress (front-end). The lean scenario's "
+        "replica figure also carries the idle platform replica beside it; the in-process "
+        "scenario's replica runs the model too.",
+    ]
     return out
 
 
@@ -383,6 +426,7 @@ def write_report(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         "cpu_budget": cpu_budget(results),
         "latency_budget": latency_budget(results),
         "task_rows": task_rows(results),
+        "cost": cost_rows(results, gpu_rate(results)),
     }
     files = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
     files["json"].write_text(json.dumps(document, indent=2, default=str) + "\n")

@@ -235,6 +235,7 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
             "profile": profile.name,
             "duration_s": profile.duration_s,
             "warmup_s": profile.warmup_s,
+            "gpu_sequences_per_s": options.gpu_sequences_per_s,
             "model": {
                 "name": "sentiment",
                 "version": prepared.version,

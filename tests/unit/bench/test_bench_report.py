@@ -395,6 +395,12 @@ def test_markdown_report_shows_every_table_and_every_miss():
     assert "tritonserver 100%, serve replica 50%" in text
     assert "serve replica 2000 (19), tritonserver 1000 (1)" in text
     assert "`INFERGATE_X=1`" in text
+    # What a request costs: 50 % of a core in the replica at 500 req/s is 1 ms a request,
+    # 253 cores at the default GPU's 253,000 sequences a second.
+    assert "| scenario | cell | replica ms/req | triton ms/req | total ms/req |" in text
+    row = "| infergate | c32-t1-n16 | 1.000 | 2.000 | 3.000 | 1,000.0 | 1,000.0 | 253 | 253 |"
+    assert row in text
+    assert "times 253,000 sequences/s" in text
 
 
 def test_write_report_writes_json_markdown_and_plots(tmp_path: Path):
@@ -406,6 +412,10 @@ def test_write_report_writes_json_markdown_and_plots(tmp_path: Path):
         assert path.exists() and path.stat().st_size > 0
     document = json.loads(files["json"].read_text())
     assert len(document["targets"]) == 8 and document["triton_hop"]
+    assert {(row["scenario"], row["cell"]) for row in document["cost"]} == {
+        ("infergate", "c32-t1-n16"), ("infergate", "c32-t16-n16"),
+        ("naive", "c32-t1-n16"), ("inprocess", "c32-t1-n16"),
+    }  # fmt: skip
     assert files["throughput"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

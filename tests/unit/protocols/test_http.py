@@ -4,9 +4,11 @@ import asyncio
 import logging
 
 import orjson
+import pytest
+from starlette.requests import Request
 
-from infergate.errors import ModelNotFound, Overloaded
-from infergate.http import answer, error_response
+from infergate.errors import ModelNotFound, Overloaded, RequestTimeout
+from infergate.http import SlowUploads, answer, error_response, read_body
 
 
 def test_an_overload_asks_the_client_to_come_back_in_whole_seconds():
@@ -43,3 +45,83 @@ def test_a_typed_failure_keeps_its_status_and_message():
     response = asyncio.run(answer(unknown, "POST /v1/models/x/predict"))
     assert response.status_code == 404
     assert orjson.loads(response.body)["error"].startswith("model 'x' is not served")
+
+
+# -- reading a body within its time (read_body) -----------------------------------------------
+
+
+def _request(chunks: list[bytes], stall: asyncio.Event | None = None) -> Request:
+    """A request whose body comes in ``chunks``; with ``stall``, the rest never comes
+    until the event is set (a client that dribbles)."""
+    pending = list(chunks)
+
+    async def receive() -> dict:
+        if not pending and stall is not None:
+            await stall.wait()
+        body = pending.pop(0) if pending else b""
+        return {
+            "type": "http.request",
+            "body": body,
+            "more_body": bool(pending) or stall is not None,
+        }
+
+    scope = {"type": "http", "method": "POST", "path": "/predict", "headers": []}
+    return Request(scope, receive)
+
+
+def test_a_body_sent_at_once_is_read_whole_and_counts_as_no_slow_upload():
+    slow = SlowUploads(limit=1, grace_s=0.01)
+
+    async def read() -> bytes:
+        return await read_body(_request([b'{"inputs":', b' "a"}']), 100, timeout_s=1.0, slow=slow)
+
+    assert asyncio.run(read()) == b'{"inputs": "a"}'
+    assert slow.active == 0
+
+
+def test_a_body_that_never_ends_times_out_and_frees_its_slow_upload_slot():
+    slow = SlowUploads(limit=1, grace_s=0.01)
+    seen: list[int] = []
+
+    async def read() -> None:
+        async def watch() -> None:  # the read counts as a slow upload after its grace
+            await asyncio.sleep(0.03)
+            seen.append(slow.active)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await read_body(_request([b"{"], asyncio.Event()), 100, timeout_s=0.06, slow=slow)
+        finally:
+            await watcher
+
+    with pytest.raises(RequestTimeout, match=r"did not arrive within 0\.06 s"):
+        asyncio.run(read())
+    assert seen == [1] and slow.active == 0
+
+
+def test_past_the_slow_upload_limit_a_dribbling_body_is_refused_at_its_grace():
+    slow = SlowUploads(limit=1, grace_s=0.01)
+    slow.active = 1  # another slow upload holds the only slot
+
+    async def read() -> None:
+        await read_body(_request([b"{"], asyncio.Event()), 100, timeout_s=5.0, slow=slow)
+
+    with pytest.raises(RequestTimeout, match="while 1 other slow uploads are under way"):
+        asyncio.run(asyncio.wait_for(read(), 1.0))
+    assert slow.active == 1
+
+
+def test_a_read_cancelled_from_outside_stays_cancelled():
+    slow = SlowUploads(limit=1, grace_s=5.0)
+
+    async def read() -> None:
+        reading = asyncio.create_task(
+            read_body(_request([b"{"], asyncio.Event()), 100, timeout_s=10.0, slow=slow)
+        )
+        await asyncio.sleep(0.01)
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+
+    asyncio.run(read())
+    assert slow.active == 0
