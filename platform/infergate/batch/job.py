@@ -1,0 +1,207 @@
+"""Running one batch job: checks before any work, the parts left to do, Ray Data actors
+sized from the cluster, a progress line, and the job's MLflow run.
+
+With ``RAY_ADDRESS`` set the job runs on that cluster (INPUT and OUTPUT must then be
+reachable from every node: shared storage or a URL); without it, Ray starts on this
+machine for the job's length (its own instance, beside any other Ray running here).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TextIO
+
+from infergate.batch.files import Part, columns_of, filesystem, input_files, plan, written_parts
+from infergate.batch.options import JobOptions, check_columns, check_task_options, format_of
+from infergate.batch.worker import PartRunner, WorkerSpec
+from infergate.errors import BatchError, ModelNotFound
+from infergate.protocols.wire import Limits
+from infergate.tasks import get as get_task
+from infergate.versions import ServedVersion
+
+if TYPE_CHECKING:
+    from infergate.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Planned:
+    served: ServedVersion
+    input_format: str
+    output_format: str
+    parts: list[Part]  # every part of the input
+    todo: list[Part]  # those without an output file yet
+
+
+def resolve_version(registry: Registry, options: JobOptions) -> ServedVersion:
+    """The version ``options`` names (``--version``, or the version under ``--alias``)."""
+    model = registry.model(options.model)  # ModelNotFound names the model
+    version = options.version
+    if version is None:
+        version = model.aliases.get(options.alias)
+        if version is None:
+            raise BatchError(
+                f"model {options.model!r} has no version under alias {options.alias!r} "
+                f"(its aliases: {model.aliases or 'none'}); pass --version"
+            )
+    source = registry.version_source(options.model, version)
+    task = registry.version_task(options.model, version) or model.task
+    return ServedVersion(options.model, str(version), task, source)
+
+
+def prepare(options: JobOptions, registry: Registry) -> Planned:
+    """Everything checked that can be before any work: the input's files and columns,
+    the output's place, the version, its task's parameters; then the parts to do."""
+    input_format = format_of(options.input, options.input_format or None)
+    output_format = options.output_format or input_format
+    format_of("." + output_format, output_format)  # a known one
+    in_fs, in_path = filesystem(options.input)
+    files = input_files(in_fs, in_path, input_format, options.input)
+    check_columns(columns_of(in_fs, files[0], input_format), options.column,
+                  options.query_column, files[0])  # fmt: skip
+    out_fs, out_path = filesystem(options.output)
+    done = written_parts(out_fs, out_path)
+    try:
+        served = resolve_version(registry, options)
+    except ModelNotFound as exc:
+        raise BatchError(exc.message) from None
+    try:
+        task = get_task(served.task)
+    except ValueError as exc:
+        raise BatchError(f"{served.name} version {served.version}: {exc}") from None
+    check_task_options(task, options)
+    parts = plan(in_fs, files, input_format, options.part_rows, options.part_bytes)
+    todo = [p for p in parts if p.output_name(output_format) not in done]
+    return Planned(served, input_format, output_format, parts, todo)
+
+
+def actors_for(resources: dict[str, float], parts: int, wanted: int | None) -> tuple[int, int, bool]:
+    """``(actors, CPUs per actor, on GPUs)`` for a cluster with ``resources``
+    (``ray.cluster_resources()``): one actor per GPU where there are GPUs, else one per
+    CPU, never more than there are parts (or ``wanted`` when given)."""
+    gpus = int(resources.get("GPU", 0))
+    cpus = max(1, int(resources.get("CPU", 1)))
+    if gpus:
+        actors = wanted or gpus
+        return max(1, min(actors, parts)), max(1, cpus // max(actors, 1)), True
+    actors = max(1, min(wanted or cpus, parts))
+    # Fewer parts than CPUs: each actor's model gets the CPUs left over.
+    return actors, max(1, cpus // actors), False
+
+
+class Progress:
+    """One line per finished part: rows, errors, rows/s and the time left."""
+
+    def __init__(self, parts: list[Part], stream: TextIO = sys.stderr) -> None:
+        self.total_weight = sum(p.weight for p in parts) or 1
+        self.weights = {p.index: p.weight for p in parts}
+        self.count = len(parts)
+        self.stream = stream
+        self.start = time.monotonic()
+        self.done_weight = self.parts = self.rows = self.errors = 0
+
+    def update(self, part: int, rows: int, errors: int) -> None:
+        self.parts += 1
+        self.rows += rows
+        self.errors += errors
+        self.done_weight += self.weights.get(part, 0)
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        share = self.done_weight / self.total_weight
+        left = elapsed * (1 - share) / share if share else math.inf
+        print(
+            f"part {self.parts}/{self.count}: {self.rows:,} rows, {self.errors:,} errors, "
+            f"{self.rows / elapsed:,.0f} rows/s, about {left:,.0f} s left",
+            file=self.stream, flush=True,
+        )  # fmt: skip
+
+
+def run(options: JobOptions, registry: Registry, limits: Limits, *, quiet: bool = False) -> dict[str, Any]:
+    """Run the job; its figures. BatchError if a part failed (the others are written;
+    a rerun does the rest)."""
+    planned = prepare(options, registry)
+    served = planned.served
+    say = (lambda _: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    skipped = len(planned.parts) - len(planned.todo)
+    say(f"{served.name} version {served.version} ({served.task}): {len(planned.parts)} parts"
+        + (f", {skipped} already written" if skipped else ""))  # fmt: skip
+    from infergate.batch.record import JobRecord
+
+    record = JobRecord(registry, served, options)
+    start = time.monotonic()
+    figures = {"rows": 0, "errors": 0, "parts": len(planned.todo), "parts_failed": 0}
+    try:
+        if planned.todo:
+            figures.update(_run_parts(options, planned, registry, limits, say, quiet))
+    except BaseException:
+        record.finish(figures, time.monotonic() - start, failed=True)
+        raise
+    duration = time.monotonic() - start
+    figures["duration_s"] = duration
+    figures["rows_per_s"] = figures["rows"] / duration if duration else 0.0
+    record.finish(figures, duration, failed=bool(figures["parts_failed"]))
+    figures["run_id"] = record.run_id
+    if figures["parts_failed"]:
+        raise BatchError(
+            f"{figures['parts_failed']} of {len(planned.todo)} parts failed (see above); the "
+            "others are written, and running the same command again does the rest"
+        )
+    return figures
+
+
+def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits: Limits,
+               say: Any, quiet: bool) -> dict[str, Any]:  # fmt: skip
+    import ray
+
+    address = os.environ.get("RAY_ADDRESS")
+    # Our own instance unless told a cluster: never join another program's local Ray.
+    ray.init(address=address or "local", include_dashboard=False, log_to_driver=not quiet,
+             logging_level=logging.WARNING)  # fmt: skip
+    try:
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False  # ours says rows/s and the time left
+        ctx.print_on_execution_start = False
+        actors, cpus, gpu = actors_for(ray.cluster_resources(), len(planned.todo),
+                                       options.concurrency)  # fmt: skip
+        say(f"{len(planned.todo)} parts to do on {actors} actors, {cpus} CPUs each"
+            + (", one GPU each" if gpu else ""))  # fmt: skip
+        spec = WorkerSpec(
+            served=planned.served,
+            tracking_uri=registry.tracking_uri,
+            column=options.column,
+            query_column=options.query_column,
+            parameters=dict(options.parameters),
+            batch_size=options.batch_size,
+            input=options.input,
+            output=options.output,
+            output_format=planned.output_format,
+            limits=limits,
+            threads=cpus,
+            gpu=gpu,
+        )
+        items = [{"part": p.to_json()} for p in planned.todo]
+        dataset = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+            PartRunner,
+            fn_constructor_kwargs={"spec": spec},
+            batch_size=1,
+            concurrency=actors,
+            num_cpus=cpus,
+            num_gpus=1 if gpu else 0,
+        )
+        progress = Progress(planned.todo, sys.stderr)
+        if quiet:
+            progress.stream = open(os.devnull, "w")  # noqa: SIM115
+        failed = 0
+        for row in dataset.iter_rows():
+            if row["failure"]:
+                failed += 1
+                print(f"part {row['part']} failed: {row['failure']}", file=sys.stderr, flush=True)
+            progress.update(int(row["part"]), int(row["rows"]), int(row["errors"]))
+        return {"rows": progress.rows, "errors": progress.errors, "parts_failed": failed}
+    finally:
+        ray.shutdown()
