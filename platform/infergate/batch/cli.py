@@ -49,8 +49,11 @@ def options_of(args: argparse.Namespace) -> JobOptions:
     )
 
 
-def cmd_batch(args: argparse.Namespace, registry_of: Callable[[argparse.Namespace], Any],
-              limits_of: Callable[[argparse.Namespace], Any]) -> int:  # fmt: skip
+def cmd_batch(
+    args: argparse.Namespace,
+    registry_of: Callable[[argparse.Namespace], Any],
+    limits_of: Callable[[argparse.Namespace], Any],
+) -> int:
     from infergate.batch.job import run
 
     options = options_of(args)
@@ -59,8 +62,11 @@ def cmd_batch(args: argparse.Namespace, registry_of: Callable[[argparse.Namespac
     return 0
 
 
-def add_command(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser],
-                func: Callable[[argparse.Namespace], int]) -> None:  # fmt: skip
+def add_command(
+    sub: argparse._SubParsersAction,
+    parents: list[argparse.ArgumentParser],
+    func: Callable[[argparse.Namespace], int],
+) -> None:
     batch = sub.add_parser(
         "batch",
         parents=parents,
@@ -74,20 +80,37 @@ def add_command(sub: argparse._SubParsersAction, parents: list[argparse.Argument
     batch.add_argument("output", help="folder for the output parts; a path or a URL")
     which = batch.add_mutually_exclusive_group()
     which.add_argument("--version", help="this version")
-    which.add_argument("--alias", choices=ALIASES, help="the version under this alias "
-                       "(default champion)")  # fmt: skip
+    which.add_argument(
+        "--alias", choices=ALIASES, help="the version under this alias (default champion)"
+    )
     batch.add_argument("--column", default="text", help="the text column (default text)")
     batch.add_argument("--query-column", help="a reranker's query, one per row")
-    batch.add_argument("--parameters", help="predict's parameters as JSON, e.g. "
-                       '\'{"normalize": false}\'')  # fmt: skip
-    batch.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
-                       help=f"texts per model call (default {DEFAULT_BATCH_SIZE})")  # fmt: skip
+    batch.add_argument(
+        "--parameters", help="predict's parameters as JSON, e.g. '{\"normalize\": false}'"
+    )
+    batch.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"texts per model call (default {DEFAULT_BATCH_SIZE})",
+    )
     batch.add_argument("--input-format", choices=list(FORMATS), help="default: from INPUT's name")
     batch.add_argument("--output-format", choices=list(FORMATS), help="default: INPUT's format")
-    batch.add_argument("--part-rows", type=int, default=DEFAULT_PART_ROWS,
-                       help="Parquet: row groups are gathered into parts of this many rows")  # fmt: skip
-    batch.add_argument("--part-bytes", type=int, default=DEFAULT_PART_BYTES,
-                       help="JSON Lines: files are split into parts of this many bytes")  # fmt: skip
-    batch.add_argument("--concurrency", type=int,
-                       help="actors (default: one per CPU, or per GPU, of the cluster)")  # fmt: skip
+    batch.add_argument(
+        "--part-rows",
+        type=int,
+        default=DEFAULT_PART_ROWS,
+        help="Parquet: row groups are gathered into parts of this many rows",
+    )
+    batch.add_argument(
+        "--part-bytes",
+        type=int,
+        default=DEFAULT_PART_BYTES,
+        help="JSON Lines: files are split into parts of this many bytes",
+    )
+    batch.add_argument(
+        "--concurrency",
+        type=int,
+        help="actors (default: one per CPU, or per GPU, of the cluster)",
+    )
     batch.set_defaults(func=func)

@@ -28,6 +28,12 @@ if TYPE_CHECKING:
     from infergate.registry import Registry
 
 log = logging.getLogger(__name__)
+WORKER_ENV = {
+    # The actors' downloads of the version's files: no progress bars between our lines.
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    # One thread tokenizes in each actor (infergate.serving.tokenization.tokenize_serially).
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,9 @@ def prepare(options: JobOptions, registry: Registry) -> Planned:
     return Planned(served, input_format, output_format, parts, todo)
 
 
-def actors_for(resources: dict[str, float], parts: int, wanted: int | None) -> tuple[int, int, bool]:
+def actors_for(
+    resources: dict[str, float], parts: int, wanted: int | None
+) -> tuple[int, int, bool]:
     """``(actors, CPUs per actor, on GPUs)`` for a cluster with ``resources``
     (``ray.cluster_resources()``): one actor per GPU where there are GPUs, else one per
     CPU, never more than there are parts (or ``wanted`` when given)."""
@@ -121,7 +129,9 @@ class Progress:
         )  # fmt: skip
 
 
-def run(options: JobOptions, registry: Registry, limits: Limits, *, quiet: bool = False) -> dict[str, Any]:
+def run(
+    options: JobOptions, registry: Registry, limits: Limits, *, quiet: bool = False
+) -> dict[str, Any]:
     """Run the job; its figures. BatchError if a part failed (the others are written;
     a rerun does the rest)."""
     planned = prepare(options, registry)
@@ -160,8 +170,14 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
 
     address = os.environ.get("RAY_ADDRESS")
     # Our own instance unless told a cluster: never join another program's local Ray.
-    ray.init(address=address or "local", include_dashboard=False, log_to_driver=not quiet,
-             logging_level=logging.WARNING)  # fmt: skip
+    ray.init(
+        address=address or "local",
+        include_dashboard=False,
+        log_to_driver=not quiet,
+        logging_level=logging.WARNING,
+        runtime_env={"env_vars": WORKER_ENV},
+    )
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     try:
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # ours says rows/s and the time left
@@ -197,11 +213,20 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
         if quiet:
             progress.stream = open(os.devnull, "w")  # noqa: SIM115
         failed = 0
+        busy_s = 0.0  # the actors' seconds in parts, model loading aside
         for row in dataset.iter_rows():
+            busy_s += float(row["seconds"])
             if row["failure"]:
                 failed += 1
                 print(f"part {row['part']} failed: {row['failure']}", file=sys.stderr, flush=True)
             progress.update(int(row["part"]), int(row["rows"]), int(row["errors"]))
-        return {"rows": progress.rows, "errors": progress.errors, "parts_failed": failed}
+        return {
+            "rows": progress.rows,
+            "errors": progress.errors,
+            "parts_failed": failed,
+            "actors": actors,
+            # What the actors did once loaded: rows per second of part time, times actors.
+            "busy_rows_per_s": progress.rows * actors / busy_s if busy_s else 0.0,
+        }
     finally:
         ray.shutdown()

@@ -97,9 +97,7 @@ def check_alias(alias: str) -> str:
     return alias
 
 
-def check_columns(
-    names: Sequence[str], column: str, query_column: str | None, source: str
-) -> None:
+def check_columns(names: Sequence[str], column: str, query_column: str | None, source: str) -> None:
     """The text column (and the query column) are among the input's ``names``."""
     for flag, wanted in (("--column", column), ("--query-column", query_column)):
         if wanted is not None and wanted not in names:

@@ -12,7 +12,16 @@ if TYPE_CHECKING:
     from infergate.registry import Registry
 
 EXPERIMENT = "infergate-batch"
-METRICS = ("rows", "errors", "rows_per_s", "duration_s", "parts", "parts_failed")
+METRICS = (
+    "rows",
+    "errors",
+    "rows_per_s",
+    "busy_rows_per_s",
+    "duration_s",
+    "parts",
+    "parts_failed",
+    "actors",
+)
 
 
 class JobRecord:

@@ -69,7 +69,7 @@ def test_csv_cells_are_read_as_text(tmp_path):
 def test_unreadable_and_missing_inputs_are_one_line(tmp_path):
     (tmp_path / "bad.parquet").write_bytes(b"nope")
     fs, folder = filesystem(str(tmp_path))
-    with pytest.raises(BatchError, match="bad.parquet is not a readable parquet file"):
+    with pytest.raises(BatchError, match=r"bad\.parquet is not a readable parquet file"):
         columns_of(fs, f"{folder}/bad.parquet", "parquet")
     with pytest.raises(BatchError, match="does not exist"):
         input_files(fs, f"{folder}/none.csv", "csv", "none.csv")

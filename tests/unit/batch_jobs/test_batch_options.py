@@ -13,7 +13,6 @@ from infergate.batch.options import (
     check_columns,
     check_task_options,
     format_of,
-    parse_parameters,
 )
 from infergate.errors import BatchError
 from infergate.tasks import get
@@ -63,7 +62,7 @@ def test_format_from_the_name(path, fmt):
 
 
 def test_format_unknown_or_unnamed():
-    with pytest.raises(BatchError, match="cannot tell the format of 'data.txt'"):
+    with pytest.raises(BatchError, match=r"cannot tell the format of 'data\.txt'"):
         format_of("data.txt")
     with pytest.raises(BatchError, match="format 'xml' is not supported"):
         format_of("data.txt", "xml")
@@ -74,7 +73,10 @@ def test_missing_columns_are_named_with_the_ones_there():
     check_columns(["id", "text"], "text", None, "in.csv")
     with pytest.raises(BatchError) as caught:
         check_columns(["id", "body"], "text", None, "in.csv")
-    assert caught.value.message == "in.csv has no column 'text' (--column); its columns are ['id', 'body']"
+    assert (
+        caught.value.message
+        == "in.csv has no column 'text' (--column); its columns are ['id', 'body']"
+    )
     with pytest.raises(BatchError, match="no column 'q' \\(--query-column\\)"):
         check_columns(["text"], "text", "q", "in.csv")
 

@@ -49,8 +49,8 @@ def test_other_answers_become_the_tasks_column():
 
 def test_results_align_with_the_rows_they_answer():
     checked = Checked(["a", "c"], None, [0, 2], {1: "empty"})
-    columns = result_columns(get("translation"), 3, checked,
-                             [{"translation_text": "A"}, {"translation_text": "C"}], "4")  # fmt: skip
+    outputs = [{"translation_text": "A"}, {"translation_text": "C"}]
+    columns = result_columns(get("translation"), 3, checked, outputs, "4")
     assert columns == {
         "translation_text": ["A", None, "C"],
         "version": ["4", "4", "4"],
@@ -61,7 +61,10 @@ def test_results_align_with_the_rows_they_answer():
 def test_a_model_failure_is_the_error_of_every_answered_row():
     checked = Checked(["a", "c"], None, [0, 2], {1: "empty"})
     columns = result_columns(get("translation"), 3, checked, [], "4", "the model failed")
-    assert columns == {"version": ["4"] * 3, "error": ["the model failed", "empty", "the model failed"]}
+    assert columns == {
+        "version": ["4"] * 3,
+        "error": ["the model failed", "empty", "the model failed"],
+    }
 
 
 def test_plain_values():
