@@ -42,7 +42,9 @@ class WorkerSpec:
     threads: int = 1  # the model's threads in each actor: the CPUs it was given
     gpu: bool = False
     # Each node keeps its copy of the version's files here.
-    cache_dir: str = field(default_factory=lambda: str(Path(tempfile.gettempdir()) / "infergate"))
+    cache_dir: str = field(
+        default_factory=lambda: str(Path(tempfile.gettempdir()) / "infergate-batch")
+    )
 
 
 class PartRunner:
