@@ -239,7 +239,14 @@ def _split(chunk: Chunk, rows: int) -> Iterator[Chunk]:
 class PartWriter:
     """Writes one output part chunk by chunk, under a temporary name until ``commit``."""
 
-    def __init__(self, fs: pafs.FileSystem, output: str, name: str, fmt: str) -> None:
+    def __init__(
+        self,
+        fs: pafs.FileSystem,
+        output: str,
+        name: str,
+        fmt: str,
+        types: dict[str, pa.DataType] | None = None,
+    ) -> None:
         self._fs, self._fmt = fs, fmt
         self.path = posixpath.join(output, name)
         self._temporary = posixpath.join(output, f".{name}.writing")
@@ -248,6 +255,9 @@ class PartWriter:
         self._parquet: pq.ParquetWriter | None = None
         self._pending: list[pa.Table] = []  # Parquet chunks before a schema is settled
         self._csv_header: list[str] | None = None
+        # Columns whose type is known beforehand (the error column, null in most rows):
+        # every part's file gets the same type, whatever its rows held.
+        self._types = types or {}
 
     def write(self, chunk: Chunk) -> None:
         if self._fmt == "jsonl":
@@ -261,7 +271,7 @@ class PartWriter:
         elif self._fmt == "csv":
             self._write_csv(chunk)
         else:
-            self._write_parquet(_table(chunk))
+            self._write_parquet(_table(chunk, self._types))
 
     def _write_csv(self, chunk: Chunk) -> None:
         buffer = io.StringIO()
@@ -317,12 +327,13 @@ def _cell(value: Any) -> Any:
     return json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else value
 
 
-def _table(chunk: Chunk) -> pa.Table:
-    """``chunk`` as a table; a column of mixed types (JSON Lines) is kept as JSON text."""
+def _table(chunk: Chunk, types: dict[str, pa.DataType]) -> pa.Table:
+    """``chunk`` as a table, ``types`` the types of some columns; a column of mixed types
+    (JSON Lines) is kept as JSON text."""
     arrays = {}
     for name, values in chunk.items():
         try:
-            arrays[name] = pa.array(values)
+            arrays[name] = pa.array(values, type=types.get(name))
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             arrays[name] = pa.array(
                 [None if v is None else json.dumps(v, default=str) for v in values]

@@ -87,20 +87,23 @@ def prepare(options: JobOptions, registry: Registry) -> Planned:
     return Planned(served, input_format, output_format, parts, todo)
 
 
-def actors_for(
-    resources: dict[str, float], parts: int, wanted: int | None
-) -> tuple[int, int, bool]:
-    """``(actors, CPUs per actor, on GPUs)`` for a cluster with ``resources``
-    (``ray.cluster_resources()``): one actor per GPU where there are GPUs, else one per
-    CPU, never more than there are parts (or ``wanted`` when given)."""
-    gpus = int(resources.get("GPU", 0))
-    cpus = max(1, int(resources.get("CPU", 1)))
+def actors_for(free: dict[str, float], parts: int, wanted: int | None) -> tuple[int, float, bool]:
+    """``(actors, CPUs per actor, on GPUs)`` for a cluster with ``free`` resources
+    (``ray.available_resources()``: a shared cluster's serving replicas keep theirs): one
+    actor per free GPU where there are any, else one per free CPU, never more than there
+    are parts (or ``wanted`` when given). Less than a CPU free: one actor on that share."""
+    gpus = int(free.get("GPU", 0))
+    cpus = float(free.get("CPU", 0.0))
+    if cpus <= 0 and not gpus:
+        raise BatchError("the Ray cluster has no free CPU or GPU for the job's actors")
     if gpus:
-        actors = wanted or gpus
-        return max(1, min(actors, parts)), max(1, cpus // max(actors, 1)), True
-    actors = max(1, min(wanted or cpus, parts))
+        actors = max(1, min(wanted or gpus, parts))
+        return actors, max(cpus // actors, 0.0) or 0.0, True
+    if cpus < 1:
+        return 1, cpus, False
+    actors = max(1, min(wanted or int(cpus), parts))
     # Fewer parts than CPUs: each actor's model gets the CPUs left over.
-    return actors, max(1, cpus // actors), False
+    return actors, float(max(1, int(cpus) // actors)), False
 
 
 class Progress:
@@ -170,22 +173,31 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
 
     address = os.environ.get("RAY_ADDRESS")
     # Our own instance unless told a cluster: never join another program's local Ray.
-    ray.init(
-        address=address or "local",
-        include_dashboard=False,
-        log_to_driver=not quiet,
-        logging_level=logging.WARNING,
-        runtime_env={"env_vars": WORKER_ENV},
-    )
+    # Ray starts its workers 15 steps nicer than the driver; on our own instance the
+    # actors are the job, so they run at the driver's priority (as the stack's replicas).
+    own = {} if address else {"_system_config": {"worker_niceness": 0}}
+    try:
+        ray.init(
+            address=address or "local",
+            include_dashboard=False,
+            log_to_driver=not quiet,
+            logging_level=logging.WARNING,
+            runtime_env={"env_vars": WORKER_ENV},
+            **own,
+        )
+    except (ConnectionError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BatchError(f"Ray did not start or could not be joined (RAY_ADDRESS="
+                         f"{address or 'unset'}): {first}") from None  # fmt: skip
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     try:
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # ours says rows/s and the time left
         ctx.print_on_execution_start = False
-        actors, cpus, gpu = actors_for(ray.cluster_resources(), len(planned.todo),
-                                       options.concurrency)  # fmt: skip
-        say(f"{len(planned.todo)} parts to do on {actors} actors, {cpus} CPUs each"
-            + (", one GPU each" if gpu else ""))  # fmt: skip
+        free = ray.available_resources()
+        actors, cpus, gpu = actors_for(free, len(planned.todo), options.concurrency)
+        each = f"{cpus:g} CPUs each" + (", one GPU each" if gpu else "")
+        say(f"{len(planned.todo)} parts to do on {actors} actors, {each}")
         spec = WorkerSpec(
             served=planned.served,
             tracking_uri=registry.tracking_uri,
@@ -197,7 +209,7 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
             output=options.output,
             output_format=planned.output_format,
             limits=limits,
-            threads=cpus,
+            threads=max(1, int(cpus)),
             gpu=gpu,
         )
         items = [{"part": p.to_json()} for p in planned.todo]
@@ -205,7 +217,7 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
             PartRunner,
             fn_constructor_kwargs={"spec": spec},
             batch_size=1,
-            concurrency=actors,
+            compute=ray.data.ActorPoolStrategy(size=actors),
             num_cpus=cpus,
             num_gpus=1 if gpu else 0,
         )

@@ -15,8 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from infergate.batch.files import BAD_LINE, Chunk, Part, PartWriter, filesystem, read_part
-from infergate.batch.rows import Checked, check_rows, result_columns
+from infergate.batch.rows import (
+    ERROR_COLUMN,
+    VERSION_COLUMN,
+    Checked,
+    check_rows,
+    result_columns,
+)
 from infergate.errors import InfergateError
 from infergate.protocols.wire import Limits
 from infergate.serving.tokenization import tokenize_serially
@@ -87,8 +95,10 @@ class PartRunner:
 
     def run_part(self, part: Part) -> tuple[int, int]:
         """Answer one part into its output file: ``(rows, rows with an error)``."""
-        writer = PartWriter(self.fs, self.output, part.output_name(self.spec.output_format),
-                            self.spec.output_format)  # fmt: skip
+        name = part.output_name(self.spec.output_format)
+        types = {VERSION_COLUMN: pa.string(), ERROR_COLUMN: pa.string()}
+        writer = PartWriter(self.fs, self.output, name, self.spec.output_format, types)
+
         rows = errors = 0
         try:
             for chunk in read_part(self.input_fs, part, self.spec.batch_size):

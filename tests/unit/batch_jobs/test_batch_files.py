@@ -99,3 +99,12 @@ def test_an_aborted_part_leaves_nothing(tmp_path):
     writer.write({"text": ["a"]})
     writer.abort()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_parts_agree_on_the_type_of_a_column_null_in_some(tmp_path):
+    fs, folder = filesystem(str(tmp_path))
+    for name, error in (("part-00000.parquet", None), ("part-00001.parquet", "empty")):
+        writer = PartWriter(fs, folder, name, "parquet", {"error": pa.string()})
+        writer.write({"text": ["a"], "error": [error]})
+        writer.commit()
+    assert pq.read_table(tmp_path).column("error").to_pylist() == [None, "empty"]

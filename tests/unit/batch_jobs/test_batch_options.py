@@ -101,12 +101,17 @@ def test_parameters_of_another_task_are_refused():
         check_task_options(get("feature-extraction"), job(parameters={"top_k": 3}))
 
 
-@pytest.mark.parametrize("resources, parts, wanted, expected", [
-    ({"CPU": 2.0}, 10, None, (2, 1, False)),
-    ({"CPU": 8.0}, 2, None, (2, 4, False)),
-    ({"CPU": 8.0, "GPU": 2.0}, 10, None, (2, 4, True)),
-    ({"CPU": 4.0}, 10, 1, (1, 4, False)),
-    ({}, 3, None, (1, 1, False)),
+@pytest.mark.parametrize("free, parts, wanted, expected", [
+    ({"CPU": 2.0}, 10, None, (2, 1.0, False)),
+    ({"CPU": 8.0}, 2, None, (2, 4.0, False)),
+    ({"CPU": 8.0, "GPU": 2.0}, 10, None, (2, 4.0, True)),
+    ({"CPU": 4.0}, 10, 1, (1, 4.0, False)),
+    ({"CPU": 0.5}, 3, None, (1, 0.5, False)),  # a serving cluster's replicas keep theirs
 ])  # fmt: skip
-def test_actors_are_sized_from_the_cluster(resources, parts, wanted, expected):
-    assert actors_for(resources, parts, wanted) == expected
+def test_actors_are_sized_from_the_free_resources(free, parts, wanted, expected):
+    assert actors_for(free, parts, wanted) == expected
+
+
+def test_no_free_cpu_is_a_clear_error():
+    with pytest.raises(BatchError, match="no free CPU or GPU"):
+        actors_for({"CPU": 0.0}, 3, None)
