@@ -111,11 +111,20 @@ def test_a_parquet_job_answers_as_predict_resumes_and_is_recorded(stack, http, t
     rows = sorted(pq.read_table(out).to_pylist(), key=lambda r: r["n"])
     assert [r["n"] for r in rows] == list(range(len(texts)))
     assert "empty" in rows[13]["error"] and rows[13]["label"] is None
-    good = [r for r in rows if r["error"] is None]
-    online = predict(http, "sentiment", [r["text"] for r in good]).json()
-    assert len(good) == len(texts) - 1 and {r["version"] for r in rows} == {online["version"]}
-    for row, answer in zip(good, online["outputs"], strict=True):
-        assert_same_answer({key: row[key] for key in answer}, answer)
+    assert {r["version"] for r in rows} == {"1"}
+    # The job's model calls, one per chunk of 5 rows of a part (its bad row left out),
+    # sent to predict as they are: an INT8 graph's answer to a text moves with the batch
+    # it is in (dynamic quantization scales each batch), by 0.07 here for a score.
+    for start in range(0, len(rows), 12):
+        for chunk in (
+            rows[start : start + 5],
+            rows[start + 5 : start + 10],
+            rows[start + 10 : start + 12],
+        ):
+            good = [r for r in chunk if r["error"] is None]
+            online = predict(http, "sentiment", [r["text"] for r in good]).json()["outputs"]
+            for row, answer in zip(good, online, strict=True):
+                assert_same_answer({key: row[key] for key in answer}, answer)
 
     # An interrupted job: two parts lost; the rerun writes those two only.
     kept = {name: (out / name).stat().st_mtime_ns for name in parts[:2]}
