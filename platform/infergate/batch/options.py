@@ -48,10 +48,6 @@ class JobOptions:
     part_bytes: int = DEFAULT_PART_BYTES
     concurrency: int | None = None  # actors; None: sized from the cluster's resources
 
-    @property
-    def version_label(self) -> str:
-        return f"version {self.version}" if self.version else f"alias {self.alias!r}"
-
 
 def format_of(path: str, given: str | None = None) -> str:
     """``given``, or the format ``path``'s ending names; BatchError if neither says."""

@@ -30,7 +30,6 @@ def test_arguments_make_a_job_with_the_champion_by_default():
                                    '{"normalize": false}', "--batch-size", "8"))  # fmt: skip
     assert options.alias == "champion" and options.version is None
     assert options.parameters == {"normalize": False} and options.batch_size == 8
-    assert options.version_label == "alias 'champion'"
 
 
 @pytest.mark.parametrize("args, message", [
