@@ -199,22 +199,24 @@ def test_a_large_input_streams_through_in_bounded_memory(stack, tmp_path):
                "--part-bytes", str(1 << 20), "--concurrency", "1", "--tracking-uri", stack.mlflow,
                "--state-dir", str(stack.state_dir)]  # fmt: skip
     environment = {k: v for k, v in stack.env.items() if k != "RAY_ADDRESS"}
-    job = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, text=True)
     # One actor: its RSS once it has written two parts (the model loaded, its buffers
     # made), against its peak over the rest of the file.
     first: dict[int, float] = {}
     peak: dict[int, float] = {}
-    while job.poll() is None:
-        sizes = actor_rss_mb()
-        if out.is_dir() and len(list(out.glob("part-*"))) >= 2:
-            for pid, mb in sizes.items():
-                first.setdefault(pid, mb)
-                peak[pid] = max(peak.get(pid, 0.0), mb)
-        time.sleep(0.2)
+    with subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, text=True) as job:
+        while job.poll() is None:
+            sizes = actor_rss_mb()
+            if out.is_dir() and len(list(out.glob("part-*"))) >= 2:
+                for pid, mb in sizes.items():
+                    first.setdefault(pid, mb)
+                    peak[pid] = max(peak.get(pid, 0.0), mb)
+            time.sleep(0.2)
+        printed = job.stdout.read()
     assert job.returncode == 0
-    figures = json.loads(job.stdout.read().splitlines()[-1])
+    figures = json.loads(printed.splitlines()[-1])
     assert figures["rows"] == LARGE_ROWS and figures["errors"] == 0
     assert len(list(out.glob("part-*.jsonl"))) == figures["parts"] > 50
     growth = {pid: peak[pid] - first[pid] for pid in first}
     input_mb = source.stat().st_size / 2**20
+    print(f"input {input_mb:.0f} MB, actor RSS growth {growth} MB, first {first} MB")
     assert growth and max(growth.values()) < GROWTH_LIMIT_MB < input_mb / 3, (growth, input_mb)
