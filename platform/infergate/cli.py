@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from infergate.batch import cli as batch_cli
 from infergate.bench import cli as bench_cli
 from infergate.config import StackConfig, load_config
 from infergate.control import cli as canary_cli
@@ -237,6 +238,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_batch(args: argparse.Namespace) -> int:
+    from infergate.protocols.wire import Limits
+
+    def limits(args: argparse.Namespace) -> Limits:
+        frontend = _config(args).frontend  # predict's own limits on a text
+        return Limits(frontend.max_body_bytes, frontend.max_texts_per_request,
+                      frontend.max_chars_per_text)  # fmt: skip
+
+    return batch_cli.cmd_batch(args, _registry, limits)
+
+
 # -- parser --------------------------------------------------------------------------------
 
 
@@ -325,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", parents=[registry], help="register the demo models")
     demo.set_defaults(func=cmd_demo)
 
+    batch_cli.add_command(sub, [registry], cmd_batch)
     canary_cli.add_commands(sub, common)
     keys_cli.add_commands(sub, common)
     payloads_cli.add_commands(sub, common)

@@ -203,3 +203,11 @@ class DashboardError(InfergateError):
     """Generating, pushing or rendering dashboards failed for a reason the user can fix."""
 
     kind = "dashboard_error"
+
+
+class BatchError(InfergateError):
+    """An ``infergate batch`` job that cannot start (a bad file, column or option) or
+    did not finish every part."""
+
+    status = 400
+    kind = "batch_error"

@@ -7,6 +7,7 @@ protocol refuses the model."""
 
 from __future__ import annotations
 
+import csv
 import json
 import shlex
 import subprocess
@@ -109,6 +110,26 @@ def test_served_translations_equal_ctranslate2_in_process(stack, http, beam_size
     got = served(ask(http, MODEL, beam_size=beam_size))
     assert got == expected
     assert len(set(got)) > 1  # the texts got different translations: inputs reach the model
+
+
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_batch_translations_equal_the_served_ones(stack, http, beam_size, tmp_path):
+    """`infergate batch` (CTranslate2 in a Ray Data actor, through translator_model's
+    Engine) translates as the endpoint does, at the same decoding settings."""
+    source = tmp_path / "in.csv"
+    source.write_text("text\n" + "\n".join(TEXTS) + "\n")
+    parameters = json.dumps({"max_decoding_length": MAX_TOKENS, "beam_size": beam_size})
+    environment = {k: v for k, v in stack.env.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [stack.infergate, "batch", MODEL, str(source), str(tmp_path / "out"), "--quiet",
+         "--parameters", parameters, "--tracking-uri", stack.mlflow],
+        env=environment, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    with (tmp_path / "out" / "part-00000.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["text"] for r in rows] == TEXTS and all(r["error"] == "" for r in rows)
+    assert [r["translation_text"] for r in rows] == served(ask(http, MODEL, beam_size=beam_size))
 
 
 def test_fp32_translations_equal_transformers_generate(stack, http):

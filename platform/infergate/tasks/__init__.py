@@ -119,6 +119,11 @@ class Task:
     # The shadow stage's floor: the share of texts on which a good canary agrees with its
     # champion (a retrained version differs on some). Policy tags override it.
     shadow_agreement: ClassVar[float] = 0.9
+    # ``infergate batch``: an answer that is an object becomes a column per key; any other
+    # answer (a vector, a list of entities) one column of this name. A request parameter
+    # that may hold one value per text, read from a column (a reranker's query).
+    batch_column: ClassVar[str] = "output"
+    row_parameter: ClassVar[str | None] = None
 
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
         """Refuse parameters of other tasks, and values out of range."""

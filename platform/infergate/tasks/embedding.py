@@ -26,6 +26,7 @@ class FeatureExtraction(Task):
     output_name = "embeddings"
     auto_model = "AutoModel"
     head = heads.MEAN_POOL
+    batch_column = "embedding"
     # Gated on the cosine of the vectors, what retrieval compares.
     parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-4, "int8": 0.1}
     # Retrieval notices a changed neighbour; dynamic int8 on all-MiniLM-L6-v2 kept only 0.90

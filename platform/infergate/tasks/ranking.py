@@ -44,6 +44,7 @@ class TextRanking(Task):
     auto_model = "AutoModelForSequenceClassification"
     head = heads.LOGITS
     pairs = True
+    row_parameter = "query"  # infergate batch --query-column
     # A classifier's tolerances, gated on the relevance score a client is sent.
     parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-2, "int8": 0.35}
     quality_budget: ClassVar[Mapping[str, float]] = {"rank_agreement": 0.97}
@@ -58,7 +59,10 @@ class TextRanking(Task):
     def check_parameters(self, parameters: Mapping[str, Any], model: str) -> None:
         super().check_parameters(parameters, model)
         query = parameters.get("query")
-        if not isinstance(query, str) or not query.strip():
+        # A list holds one query per text: ``infergate batch --query-column`` (the HTTP
+        # protocols take one string, checked against ``parameters`` by the wire).
+        queries = query if isinstance(query, list) else [query]
+        if not queries or not all(isinstance(q, str) and q.strip() for q in queries):
             raise InvalidInput(
                 f"{model!r} is a text-ranking model: it scores texts against a query; send "
                 '"parameters": {"query": "..."} (or use /v1/models/{name}/rerank)',

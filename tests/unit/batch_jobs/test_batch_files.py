@@ -1,0 +1,110 @@
+"""Parts of the input (each row in exactly one), and part files written whole."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from infergate.batch.files import (
+    BAD_LINE,
+    PartWriter,
+    columns_of,
+    filesystem,
+    input_files,
+    plan,
+    read_part,
+    written_parts,
+)
+from infergate.errors import BatchError
+
+
+def rows_of(fs, parts, size=4):
+    return [row for p in parts for chunk in read_part(fs, p, size)
+            for row in zip(*chunk.values(), strict=True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("part_bytes", [1, 7, 50, 1 << 20])
+def test_json_lines_parts_hold_every_line_once(tmp_path, part_bytes):
+    path = tmp_path / "in.jsonl"
+    lines = [json.dumps({"text": f"row {i} " + "x" * (i % 13)}) for i in range(40)]
+    path.write_text("\n".join(lines) + "\n")
+    fs, folder = filesystem(str(tmp_path))
+    parts = plan(fs, input_files(fs, folder, "jsonl", "in"), "jsonl", 0, part_bytes)
+    assert [p.index for p in parts] == list(range(len(parts)))
+    assert [r[0] for r in rows_of(fs, parts)] == [json.loads(x)["text"] for x in lines]
+
+
+def test_a_line_that_is_not_an_object_is_a_row_error(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "a"}\n[1, 2]\n{broken\n')
+    fs, name = filesystem(str(path))
+    chunk = next(read_part(fs, plan(fs, [name], "jsonl", 0, 100)[0], 10))
+    assert chunk["text"] == ["a", None, None]
+    assert chunk[BAD_LINE][0] is None and "not a JSON object" in chunk[BAD_LINE][1]
+    assert "not JSON" in chunk[BAD_LINE][2]
+
+
+def test_parquet_row_groups_are_gathered_into_parts(tmp_path):
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": [str(i) for i in range(25)]}), path, row_group_size=5)
+    fs, name = filesystem(str(path))
+    parts = plan(fs, [name], "parquet", 10, 0)
+    assert [p.row_groups for p in parts] == [(0, 1), (2, 3), (4,)]
+    assert [p.weight for p in parts] == [10, 10, 5]
+    assert [r[0] for r in rows_of(fs, parts, 3)] == [str(i) for i in range(25)]
+
+
+def test_csv_cells_are_read_as_text(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text("id,text\n007,\n2,hello\n")
+    fs, name = filesystem(str(path))
+    assert columns_of(fs, name, "csv") == ["id", "text"]
+    (chunk,) = read_part(fs, plan(fs, [name], "csv", 0, 0)[0], 10)
+    assert chunk == {"id": ["007", "2"], "text": ["", "hello"]}
+
+
+def test_unreadable_and_missing_inputs_are_one_line(tmp_path):
+    (tmp_path / "bad.parquet").write_bytes(b"nope")
+    fs, folder = filesystem(str(tmp_path))
+    with pytest.raises(BatchError, match=r"bad\.parquet is not a readable parquet file"):
+        columns_of(fs, f"{folder}/bad.parquet", "parquet")
+    with pytest.raises(BatchError, match="does not exist"):
+        input_files(fs, f"{folder}/none.csv", "csv", "none.csv")
+    with pytest.raises(BatchError, match="no csv files in it"):
+        input_files(fs, folder, "csv", "the folder")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])
+def test_a_part_appears_only_when_whole(tmp_path, fmt):
+    fs, folder = filesystem(str(tmp_path / "out"))
+    writer = PartWriter(fs, folder, f"part-00000.{fmt}", fmt)
+    writer.write({"text": ["a"], "label": [None], "scores": [None]})  # types unknown yet
+    writer.write({"text": ["b"], "label": ["pos"], "scores": [{"pos": 1.0}]})
+    assert written_parts(fs, folder) == set()
+    writer.commit()
+    assert written_parts(fs, folder) == {f"part-00000.{fmt}"}
+    if fmt == "parquet":
+        rows = pq.read_table(tmp_path / "out" / "part-00000.parquet").to_pylist()
+        assert rows[1] == {"text": "b", "label": "pos", "scores": {"pos": 1.0}}
+    else:
+        assert "pos" in (tmp_path / "out" / f"part-00000.{fmt}").read_text()
+
+
+def test_an_aborted_part_leaves_nothing(tmp_path):
+    fs, folder = filesystem(str(tmp_path))
+    writer = PartWriter(fs, folder, "part-00001.jsonl", "jsonl")
+    writer.write({"text": ["a"]})
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_parts_agree_on_the_type_of_a_column_null_in_some(tmp_path):
+    fs, folder = filesystem(str(tmp_path))
+    for name, error in (("part-00000.parquet", None), ("part-00001.parquet", "empty")):
+        writer = PartWriter(fs, folder, name, "parquet", {"error": pa.string()})
+        writer.write({"text": ["a"], "error": [error]})
+        writer.commit()
+    assert pq.read_table(tmp_path).column("error").to_pylist() == [None, "empty"]

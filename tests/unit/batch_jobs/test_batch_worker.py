@@ -1,0 +1,100 @@
+"""A part through the actor's code (no Ray): bad rows and a model failing on some rows
+get errors in their rows, the rest is answered and written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from infergate.batch.files import Part, filesystem
+from infergate.batch.worker import PartRunner, WorkerSpec
+from infergate.errors import InvalidInput
+from infergate.protocols.wire import Limits
+from infergate.tasks import get
+from infergate.versions import ServedVersion
+
+
+class RuntimeFailingOnBoom:
+    """Stands in for ModelRuntime: labels a text by its length, and fails any call whose
+    texts include "boom" (as an engine failing on one row fails its whole batch)."""
+
+    task = get("text-ranking")
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], dict]] = []
+
+    async def predict(self, texts, parameters, backend):
+        self.calls.append((list(texts), dict(parameters)))
+        if "boom" in texts:
+            raise InvalidInput("the model cannot read 'boom'")
+        return SimpleNamespace(outputs=[{"score": float(len(t))} for t in texts])
+
+
+@pytest.fixture
+def loops():
+    made: list[asyncio.AbstractEventLoop] = []
+    yield made
+    for loop in made:
+        loop.close()
+
+
+def runner(tmp_path, runtime, loops, **kw) -> PartRunner:
+    spec = WorkerSpec(
+        served=ServedVersion("ranker", "3", "text-ranking", "runs:/x"),
+        tracking_uri="http://unused",
+        column="text",
+        query_column=kw.get("query_column"),
+        parameters={},
+        batch_size=kw.get("batch_size", 4),
+        input=str(tmp_path / "in.jsonl"),
+        output=str(tmp_path / "out"),
+        output_format="jsonl",
+        limits=Limits(1 << 20, 64, 20),
+    )
+    worker = PartRunner.__new__(PartRunner)  # what __init__ loads from the registry, by hand
+    worker.spec, worker.runtime, worker.backend, worker.task = spec, runtime, None, runtime.task
+    worker.loop = asyncio.new_event_loop()
+    loops.append(worker.loop)
+    worker.input_fs, _ = filesystem(spec.input)
+    worker.fs, worker.output = filesystem(spec.output)
+    return worker
+
+
+def test_a_part_with_bad_rows_and_a_failing_row_is_written_whole(tmp_path, loops):
+    rows = [{"text": "good", "q": "a"}, {"text": "", "q": "a"}, {"text": "boom", "q": "a"},
+            {"text": 5, "q": "a"}, {"text": "fine too", "q": ""}, {"text": "x" * 21, "q": "a"},
+            {"text": "last", "q": "b"}]  # fmt: skip
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    runtime = RuntimeFailingOnBoom()
+    worker = runner(tmp_path, runtime, loops, query_column="q")
+    part = Part(0, str(source), "jsonl", start=0, stop=source.stat().st_size)
+    figures = worker({"part": [part.to_json()]})
+    assert figures["rows"] == [8] and figures["errors"] == [6] and figures["failure"] == [""]
+    lines = (tmp_path / "out" / "part-00000.jsonl").read_text().splitlines()
+    written = [json.loads(line) for line in lines]
+    assert [(r.get("text"), r["score"], r["version"]) for r in written] == [
+        ("good", 4.0, "3"), ("", None, "3"), ("boom", None, "3"), (5, None, "3"),
+        ("fine too", None, "3"), ("x" * 21, None, "3"), ("last", 4.0, "3"), (None, None, "3"),
+    ]  # fmt: skip
+    errors = [r["error"] for r in written]
+    assert errors[0] is None and errors[6] is None
+    assert "empty" in errors[1] and errors[2] == "the model cannot read 'boom'"
+    assert "must be a string" in errors[3] and "the query is empty" in errors[4]
+    assert "21 characters" in errors[5] and "not JSON" in errors[7]
+    # One call for each chunk of 4 rows, then the failing one row by row; the queries
+    # go with their texts.
+    assert runtime.calls[0] == (["good", "boom"], {"query": ["a", "a"]})
+    assert runtime.calls[1:3] == [(["good"], {"query": ["a"]}), (["boom"], {"query": ["a"]})]
+    assert runtime.calls[3] == (["last"], {"query": ["b"]})
+
+
+def test_an_unreadable_part_is_reported_not_raised(tmp_path, loops):
+    worker = runner(tmp_path, RuntimeFailingOnBoom(), loops)
+    missing = Part(4, str(tmp_path / "gone.jsonl"), "jsonl", start=0, stop=10)
+    figures = worker({"part": [missing.to_json()]})
+    assert figures["part"] == [4] and "gone.jsonl" in figures["failure"][0]
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("part-*"))
