@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from infergate.bench.tables import num, table
+
 H200_FP16_16_TOKENS_SEQUENCES_PER_S = 253_000.0
 
 # The parts of a stack, each the procfs components it is made of.
@@ -105,3 +107,44 @@ def gpu_rate(results: dict[str, Any]) -> float:
     return float(
         results.get("meta", {}).get("gpu_sequences_per_s") or H200_FP16_16_TOKENS_SEQUENCES_PER_S
     )
+
+
+def cost_section(results: dict[str, Any]) -> list[str]:
+    """CPU per request and per sequence by part of the stack, and the front-end cores a GPU
+    needs (:mod:`infergate.bench.cost`)."""
+    gpu = gpu_rate(results)
+    rows = cost_rows(results, gpu)
+    if not rows:
+        return []
+    parts = [part for part, _ in PARTS] + ["server"]
+    shown = [p for p in parts if any(p in r["ms_per_request"] for r in rows)]
+    out = ["", "## What a request costs (c=32 cells, CPU from /proc)", ""]
+    out += table(
+        ["scenario", "cell", *(f"{p} ms/req" for p in shown), "total ms/req",
+         "replica us/seq", "front-end us/seq", "replica cores/GPU", "front-end cores/GPU"],
+        (
+            [
+                r["scenario"], r["cell"],
+                *(num(r["ms_per_request"].get(p), 3) for p in shown),
+                num(r["total_ms_per_request"], 3),
+                num(r["us_per_sequence"].get("replica"), 1),
+                num(r["front_end_us_per_sequence"], 1),
+                num(r["replica_cores_per_gpu"], 0),
+                num(r["front_end_cores_per_gpu"], 0),
+            ]
+            for r in rows
+        ),
+    )  # fmt: skip
+    out += [
+        "",
+        "CPU milliseconds per request, all cores together, by part: the ingress (HAProxy, "
+        "Serve's proxy), the Serve replicas, Triton (server and model stubs), the control "
+        "plane (`infergate up`'s supervisor, MLflow, Prometheus) and Ray's own processes "
+        "(Serve's controller, agents, GCS, raylet); 'server' is a whole server that is none "
+        f"of these (a baseline). Cores per GPU: front-end CPU per sequence times {gpu:,.0f} "
+        "sequences/s (`--gpu-sequences-per-s`; default an H200 running the model in fp16 at "
+        "16 tokens): the replica alone, and with the ingress (front-end). The lean scenario's "
+        "replica figure also carries the idle platform replica beside it; the in-process "
+        "scenario's replica runs the model too.",
+    ]
+    return out

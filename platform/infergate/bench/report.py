@@ -11,8 +11,6 @@ JSON are computed again, not read.
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +24,12 @@ from infergate.bench.analysis import (
     task_rows,
     triton_hop,
 )
-from infergate.bench.cost import PARTS, cost_rows, gpu_rate
+from infergate.bench.cost import cost_rows, cost_section, gpu_rate
 from infergate.bench.plots import write_plots
+from infergate.bench.tables import num, table
 from infergate.bench.targets import evaluate_targets
 
 # -- markdown --------------------------------------------------------------------------------
-
-
-def _num(value: float | None, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:,.{digits}f}"
-
-
-def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
 
 
 def _per_length_section(
@@ -56,9 +43,9 @@ def _per_length_section(
         "",
         f"## {title}",
         "",
-        *_table(
+        *table(
             ["tokens", *columns],
-            ([str(row["tokens"]), *(_num(row[key], 2) for key in columns.values())]
+            ([str(row["tokens"]), *(num(row[key], 2) for key in columns.values())]
              for row in rows),
         ),
         "",
@@ -111,14 +98,14 @@ def _scenario_sections(results: dict[str, Any]) -> list[str]:
     meta = results.get("meta", {})
     out: list[str] = []
     out += ["", "## Targets", ""]
-    out += _table(
+    out += table(
         ["target", "cell", "measured", "required", "result"],
         (
             [
                 r["target"],
                 r["cell"],
-                f"{_num(r['value'], 2)} {r['unit']}",
-                f"{r['comparison']} {_num(r['required'], 2)}",
+                f"{num(r['value'], 2)} {r['unit']}",
+                f"{r['comparison']} {num(r['required'], 2)}",
                 verdict(r),
             ]
             for r in evaluate_targets(results)
@@ -128,13 +115,13 @@ def _scenario_sections(results: dict[str, Any]) -> list[str]:
     out += ["", "## Ceiling: ONNX Runtime in process on the served file", ""]
     if ceiling.get("error"):
         out.append(f"FAILED: {ceiling['error']}")
-    out += _table(
+    out += table(
         ["tokens", "batch", "layout", "seq/s", "other run seq/s", "p50 ms", "p95 ms",
          "p99 ms", "other CPU %"],
         (
-            [str(r["tokens"]), str(r["batch"]), r.get("layout", "-"), _num(r["sequences_per_s"]),
-             _num(r.get("slower_run_sequences_per_s"))]
-            + [_num(r[k], 2) for k in ("p50_ms", "p95_ms", "p99_ms")]
+            [str(r["tokens"]), str(r["batch"]), r.get("layout", "-"), num(r["sequences_per_s"]),
+             num(r.get("slower_run_sequences_per_s"))]
+            + [num(r[k], 2) for k in ("p50_ms", "p95_ms", "p99_ms")]
             + [_other(r)]
             for r in ceiling.get("rows", [])
         ),
@@ -159,14 +146,14 @@ def _scenario_sections(results: dict[str, Any]) -> list[str]:
         for r in record.get("cells", []):
             rows.append(
                 [name, str(r["concurrency"]), str(r["texts"]), str(r["tokens"])]
-                + [_num(r["requests_per_s"]), _num(r["sequences_per_s"])]
-                + [_num(r[k], 2) for k in ("p50_ms", "p95_ms", "p99_ms")]
-                + [str(r["errors"]), _num(r["server_cpu_percent"].get("total"), 0)]
-                + [_num(r["client_cpu_percent"], 0), _other(r)]
+                + [num(r["requests_per_s"]), num(r["sequences_per_s"])]
+                + [num(r[k], 2) for k in ("p50_ms", "p95_ms", "p99_ms")]
+                + [str(r["errors"]), num(r["server_cpu_percent"].get("total"), 0)]
+                + [num(r["client_cpu_percent"], 0), _other(r)]
             )
     header = ["scenario", "c", "texts", "tokens", "req/s", "seq/s", "p50 ms", "p95 ms", "p99 ms"]
     header += ["errors", "server CPU %", "client CPU %", "other CPU %"]
-    out += _table(header, rows)
+    out += table(header, rows)
     cores = meta.get("cpus", "?")
     note = (
         f"CPU % is of one core over the cell (the box has {cores} cores); 'other' is everything"
@@ -177,18 +164,18 @@ def _scenario_sections(results: dict[str, Any]) -> list[str]:
     if failures:
         out += ["", *failures]
     out += ["", "## Memory (peak over the cells)", ""]
-    out += _table(
+    out += table(
         ["scenario", "RSS MiB", "PSS MiB", "processes", "by component (RSS MiB)"],
         _memory_rows(results),
     )
     out += ["", "## Where the CPU goes (c=32 cells)", ""]
-    out += _table(
+    out += table(
         ["scenario", "cell", "server CPU %", "top components", "Triton batching"],
         (
             [
                 name,
                 r["cell"],
-                _num(r["server_cpu_percent"].get("total"), 0),
+                num(r["server_cpu_percent"].get("total"), 0),
                 _top_cpu(r),
                 _batching(r),
             ]
@@ -197,13 +184,13 @@ def _scenario_sections(results: dict[str, Any]) -> list[str]:
             if r["concurrency"] == 32
         ),
     )
-    out += _cost_section(results)
+    out += cost_section(results)
     shares = ceiling_shares(results)
     if shares:
         out += ["", "## Share of the ceiling (seq/s at c=32 over the ceiling's best seq/s)", ""]
-        out += _table(
+        out += table(
             ["scenario", "cell", "share"],
-            ([s["scenario"], s["cell"], _num(s["share"], 2)] for s in shares),
+            ([s["scenario"], s["cell"], num(s["share"], 2)] for s in shares),
         )
     out += _per_length_section(
         "CPU budget of a single-text request (c=32)",
@@ -252,60 +239,19 @@ def _scenario_sections(results: dict[str, Any]) -> list[str]:
     hop = triton_hop(results)
     if hop:
         out += ["", "## Price of the Triton hop (in-process front-end vs infergate)", ""]
-        out += _table(
+        out += table(
             ["cell", "infergate req/s", "in-process req/s", "ratio", "p50 saved ms"],
             (
                 [
                     h["cell"],
-                    _num(h["infergate_rps"]),
-                    _num(h["inprocess_rps"]),
-                    _num(h["inprocess_over_infergate"], 2),
-                    _num(h["p50_saved_ms"], 2),
+                    num(h["infergate_rps"]),
+                    num(h["inprocess_rps"]),
+                    num(h["inprocess_over_infergate"], 2),
+                    num(h["p50_saved_ms"], 2),
                 ]
                 for h in hop
             ),
         )
-    return out
-
-
-def _cost_section(results: dict[str, Any]) -> list[str]:
-    """CPU per request and per sequence by part of the stack, and the front-end cores a GPU
-    needs (:mod:`infergate.bench.cost`)."""
-    gpu = gpu_rate(results)
-    rows = cost_rows(results, gpu)
-    if not rows:
-        return []
-    parts = [part for part, _ in PARTS] + ["server"]
-    shown = [p for p in parts if any(p in r["ms_per_request"] for r in rows)]
-    out = ["", "## What a request costs (c=32 cells, CPU from /proc)", ""]
-    out += _table(
-        ["scenario", "cell", *(f"{p} ms/req" for p in shown), "total ms/req",
-         "replica us/seq", "front-end us/seq", "replica cores/GPU", "front-end cores/GPU"],
-        (
-            [
-                r["scenario"], r["cell"],
-                *(_num(r["ms_per_request"].get(p), 3) for p in shown),
-                _num(r["total_ms_per_request"], 3),
-                _num(r["us_per_sequence"].get("replica"), 1),
-                _num(r["front_end_us_per_sequence"], 1),
-                _num(r["replica_cores_per_gpu"], 0),
-                _num(r["front_end_cores_per_gpu"], 0),
-            ]
-            for r in rows
-        ),
-    )  # fmt: skip
-    out += [
-        "",
-        "CPU milliseconds per request, all cores together, by part: the ingress (HAProxy, "
-        "Serve's proxy), the Serve replicas, Triton (server and model stubs), the control "
-        "plane (`infergate up`'s supervisor, MLflow, Prometheus) and Ray's own processes "
-        "(Serve's controller, agents, GCS, raylet); 'server' is a whole server that is none "
-        f"of these (a baseline). Cores per GPU: front-end CPU per sequence times {gpu:,.0f} "
-        "sequences/s (`--gpu-sequences-per-s`; default an H200 running the model in fp16 at "
-        "16 tokens): the replica alone, and with the ingress (front-end). The lean scenario's "
-        "replica figure also carries the idle platform replica beside it; the in-process "
-        "scenario's replica runs the model too.",
-    ]
     return out
 
 
@@ -317,18 +263,18 @@ def _task_section(results: dict[str, Any]) -> list[str]:
         return []
     cell = tasks.get("cell", {})
     out = ["", "## Tasks", ""]
-    out += _table(
+    out += table(
         ["task", "model", "served by", "seq/s", "req/s", "p50 ms", "p99 ms", "errors",
          "other CPU %", "ceiling seq/s (batch, layout)", "share of ceiling"],
         (
             [r["task"], f"{r['model']} ({r['precision'] or '?'})",
              r["server"] + (f" ({r['setting']})" if r["setting"] else ""),
-             _num(r["sequences_per_s"]), _num(r["requests_per_s"]), _num(r["p50_ms"], 2),
-             _num(r["p99_ms"], 2), "-" if r["errors"] is None else str(r["errors"]),
+             num(r["sequences_per_s"]), num(r["requests_per_s"]), num(r["p50_ms"], 2),
+             num(r["p99_ms"], 2), "-" if r["errors"] is None else str(r["errors"]),
              _other(r),
-             f"{_num(r['ceiling_sequences_per_s'])} ({r['ceiling_batch']}, "
+             f"{num(r['ceiling_sequences_per_s'])} ({r['ceiling_batch']}, "
              f"{r['ceiling_layout']})" if r["ceiling_sequences_per_s"] else "-",
-             _num(r["share"], 2) if r["error"] is None else f"failed: {r['error']}"]
+             num(r["share"], 2) if r["error"] is None else f"failed: {r['error']}"]
             for r in task_rows(results)
         ),
     )  # fmt: skip
@@ -378,7 +324,7 @@ def _batching(row: dict[str, Any]) -> str:
 
 def _other(row: dict[str, Any]) -> str:
     """Other load on the box during a measurement, flagged when it disturbed it."""
-    text = _num(row.get("other_cpu_percent"), 0)
+    text = num(row.get("other_cpu_percent"), 0)
     return text + " (noisy)" if row.get("noisy") else text
 
 
@@ -403,8 +349,8 @@ def _memory_rows(results: dict[str, Any]) -> list[list[str]]:
         rows.append(
             [
                 name,
-                _num(total["rss_mb"], 0),
-                _num(total["pss_mb"], 0),
+                num(total["rss_mb"], 0),
+                num(total["pss_mb"], 0),
                 str(int(total["processes"])),
                 detail,
             ]
