@@ -278,7 +278,7 @@ def tiny_bart(folder: Path, *, seed: int = 0) -> Path:
     return folder
 
 
-def slowed(graph: Path, output: str, *, matmuls: int = 10, size: int = 256) -> None:
+def slowed(graph: Path, output: str, *, matmuls: int = 12, size: int = 512) -> None:
     """Make the ONNX graph in ``graph`` several times slower with its answers unchanged:
     a chain of ``matmuls`` products of ``size`` x ``size`` matrices, started from the sum of
     the input ids so that no optimiser can fold it away, bounded by tanh, then times zero

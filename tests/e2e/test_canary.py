@@ -277,7 +277,7 @@ WRONG = {
     "labels swapped": ({"swap_labels": True}, "in shadow: agrees with the champion on 0% of"),
     # Told to take 256 tokens with 64 positions: the texts past 64 tokens fail in Triton.
     "fails on long texts": ({"max_length": 256}, "in shadow: fails "),
-    # The same answers, each about 15 ms later (a chain of products that adds nothing).
+    # The same answers, each tens of ms later (a chain of products that adds nothing).
     "several times slower": ({"slow": True}, "in shadow: slower than the champion on "),
 }
 

@@ -134,7 +134,9 @@ def _predict(http: httpx.Client, **headers: str) -> httpx.Response:
 
 
 def in_process_scores(stack: Stack, version: str) -> np.ndarray:
-    """The registered files of ``version``, run here with ONNX Runtime."""
+    """The registered files of ``version``, run here with ONNX Runtime, each text alone: a
+    text's answer does not depend on the texts batched with it (an int8-dynamic graph's
+    would, in one run over all of them; the served model runs such texts alone)."""
     source = Registry(stack.mlflow).version_source(MODEL, version)
     files = Path(
         mlflow.artifacts.download_artifacts(
@@ -143,8 +145,12 @@ def in_process_scores(stack: Stack, version: str) -> np.ndarray:
     )
     batch = TextTokenizer.from_dir(files / "tokenizer", 128)(TEXTS)
     session = ort.InferenceSession(str(files / "model.onnx"), providers=["CPUExecutionProvider"])
-    feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
-    return softmax(session.run(["logits"], feeds)[0])
+    logits = []
+    for ids, mask in zip(batch.input_ids, batch.attention_mask, strict=True):
+        own = slice(0, int(mask.sum()))  # right-padded: the text's own tokens
+        feeds = {"input_ids": ids[None, own], "attention_mask": mask[None, own]}
+        logits.append(session.run(["logits"], feeds)[0][0])
+    return softmax(np.stack(logits))
 
 
 def test_a_triton_that_never_saw_our_disk_serves_the_registered_model(triton_host, stack, http):
