@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,3 +80,15 @@ def start_triton(workdir: Path, settings: TritonSettings | None = None) -> Runni
     finally:
         control.close()
     return triton
+
+
+@contextmanager
+def running_triton(
+    workdir: Path, settings: TritonSettings | None = None
+) -> Iterator[RunningTriton]:
+    """:func:`start_triton`, stopped when the block ends."""
+    triton = start_triton(workdir, settings)
+    try:
+        yield triton
+    finally:
+        stop_process(triton.process)

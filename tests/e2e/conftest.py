@@ -27,17 +27,14 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from infergate.registry import Registry
 from infergate.stack.processes import free_ports
 from infergate.versions import SPEC_FILE
-from triton_process import RunningTriton, start_triton, stop_process
+from triton_process import RunningTriton, running_triton
 
 
 @pytest.fixture(scope="module")
 def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTriton]:
     """A real tritonserver for the tests of one module."""
-    triton = start_triton(tmp_path_factory.mktemp("triton"))
-    try:
+    with running_triton(tmp_path_factory.mktemp("triton")) as triton:
         yield triton
-    finally:
-        stop_process(triton.process)
 
 
 # -- the whole stack, once per test session ---------------------------------------------

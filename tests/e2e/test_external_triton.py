@@ -24,13 +24,14 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as triton_http
-from conftest import Load, Stack, clone_version, running_stack, stack_env, stop_process, wait_for
+from conftest import Load, Stack, clone_version, running_stack, stack_env, wait_for
 
 from infergate.registry import Registry
 from infergate.serving.postprocess import softmax
 from infergate.serving.tokenization import TextTokenizer
 from network_hosts import Host, network_host, unavailable
 from tiny_models import tiny_bert
+from triton_process import stop_process
 
 pytestmark = [
     pytest.mark.e2e,

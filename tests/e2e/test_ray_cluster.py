@@ -22,13 +22,14 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from conftest import Load, Stack, running_stack, stack_env, stop_process, wait_for
+from conftest import Load, Stack, running_stack, stack_env, wait_for
 
 from infergate.config import MlflowSettings
 from infergate.stack import mlflow_server
 from infergate.stack.processes import descendants, free_ports, reap
 from network_hosts import Host, network_host, unavailable
 from tiny_models import tiny_bert
+from triton_process import stop_process
 
 pytestmark = [
     pytest.mark.e2e,

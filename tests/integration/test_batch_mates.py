@@ -28,7 +28,7 @@ from infergate.serving.tokenization import TextTokenizer
 from infergate.triton.client import TritonBackend, TritonControl
 from infergate.triton.repository import write_model
 from tiny_models import tiny_bert
-from triton_process import RunningTriton, start_triton, stop_process
+from triton_process import RunningTriton, running_triton
 
 BOUND = 1e-6  # cosine distance of a row's vector, and largest absolute difference
 SHORT = "the service was slow but the food was great"  # an odd number of tokens
@@ -76,11 +76,8 @@ def _graphs(
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTriton]:
-    running = start_triton(tmp_path_factory.mktemp("triton"))
-    try:
+    with running_triton(tmp_path_factory.mktemp("triton")) as running:
         yield running
-    finally:
-        stop_process(running.process)
 
 
 @pytest.fixture(scope="module")
