@@ -29,6 +29,9 @@ PART_PREFIX = "part-"
 SCAN_BYTES = 1 << 16  # read this much at a time looking for a line end
 SCHEMA_SAMPLE_BYTES = 1 << 20  # the JSON Lines read to find the columns
 BAD_LINE = "__bad_line__"  # a JSON Lines chunk's column: why a line could not be read
+# A quoted CSV field may hold a line break: pyarrow reads a file in blocks cut at line
+# ends, and without this a break inside a field near a block's end loses its sync.
+CSV_PARSING = pacsv.ParseOptions(newlines_in_values=True)
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -94,7 +97,7 @@ def columns_of(fs: pafs.FileSystem, path: str, fmt: str) -> list[str]:
                 return list(pq.ParquetFile(f).schema_arrow.names)
         if fmt == "csv":
             with fs.open_input_stream(path) as f:
-                return list(pacsv.open_csv(f).schema.names)
+                return list(pacsv.open_csv(f, parse_options=CSV_PARSING).schema.names)
         with fs.open_input_file(path) as f:
             head = f.read(SCHEMA_SAMPLE_BYTES)
         lines = head.splitlines()
@@ -170,11 +173,11 @@ def read_part(fs: pafs.FileSystem, part: Part, rows: int) -> Iterator[Chunk]:
     elif part.format == "csv":
         # Every column as text, as the file has it: "007" stays "007", "" stays "".
         with fs.open_input_stream(part.path) as f:
-            names = pacsv.open_csv(f).schema.names
+            names = pacsv.open_csv(f, parse_options=CSV_PARSING).schema.names
         types = dict.fromkeys(names, pa.string())
         convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=False)
         with fs.open_input_stream(part.path) as f:
-            for batch in pacsv.open_csv(f, convert_options=convert):
+            for batch in pacsv.open_csv(f, parse_options=CSV_PARSING, convert_options=convert):
                 yield from _split(batch.to_pydict(), rows)
     else:
         yield from _json_lines(fs, part, rows)
@@ -186,7 +189,23 @@ def _json_lines(fs: pafs.FileSystem, part: Part, rows: int) -> Iterator[Chunk]:
         begin = _line_start(f, part.start, size)
         end = _line_start(f, part.stop, size)
         data = f.read_at(end - begin, begin) if end > begin else b""
+    # Every chunk gets every column of the part (a first pass reads the names only), so a
+    # column first seen in a later line is in a CSV part's header and a Parquet part's
+    # schema too, not only in the lines that hold it.
+    names: dict[str, None] = {}
+    for record in _records(data):
+        names.update(dict.fromkeys(record))
     records: list[dict[str, Any]] = []
+    for record in _records(data):
+        records.append(record)
+        if len(records) == rows:
+            yield _columns(records, names)
+            records = []
+    if records:
+        yield _columns(records, names)
+
+
+def _records(data: bytes) -> Iterator[dict[str, Any]]:
     for line in data.splitlines():
         if not line.strip():
             continue
@@ -196,12 +215,7 @@ def _json_lines(fs: pafs.FileSystem, part: Part, rows: int) -> Iterator[Chunk]:
             record = {BAD_LINE: f"the line is not JSON: {exc}"}
         if not isinstance(record, dict):
             record = {BAD_LINE: "the line is not a JSON object"}
-        records.append(record)
-        if len(records) == rows:
-            yield _columns(records)
-            records = []
-    if records:
-        yield _columns(records)
+        yield record
 
 
 def _line_start(f: Any, at: int, size: int) -> int:
@@ -220,10 +234,7 @@ def _line_start(f: Any, at: int, size: int) -> int:
     return size
 
 
-def _columns(records: list[dict[str, Any]]) -> Chunk:
-    names: dict[str, None] = {}
-    for record in records:
-        names.update(dict.fromkeys(record))
+def _columns(records: list[dict[str, Any]], names: dict[str, None]) -> Chunk:
     return {name: [record.get(name) for record in records] for name in names}
 
 

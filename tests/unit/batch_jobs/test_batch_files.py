@@ -108,3 +108,35 @@ def test_parts_agree_on_the_type_of_a_column_null_in_some(tmp_path):
         writer.write({"text": ["a"], "error": [error]})
         writer.commit()
     assert pq.read_table(tmp_path).column("error").to_pylist() == [None, "empty"]
+
+
+def test_csv_fields_with_line_breaks_are_read_across_blocks(tmp_path):
+    # Over pyarrow's 1 MiB read block: a break inside a quoted field near a block's end
+    # is only read right when the parser is told such breaks exist.
+    path = tmp_path / "in.csv"
+    texts = [f"line one {i}\nline two {i} " + "x" * 40 for i in range(30_000)]
+    path.write_text("id,text\n" + "".join(f'{i},"{t}"\n' for i, t in enumerate(texts)))
+    assert path.stat().st_size > 2 << 20
+    fs, name = filesystem(str(path))
+    assert columns_of(fs, name, "csv") == ["id", "text"]
+    assert [r[1] for r in rows_of(fs, plan(fs, [name], "csv", 0, 0), 4096)] == texts
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_a_json_lines_column_first_seen_late_reaches_a_csv_or_parquet_part(tmp_path, fmt):
+    path = tmp_path / "in.jsonl"
+    lines = [{"text": str(i)} for i in range(10)] + [{"text": "10", "lang": "de"}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    fs, name = filesystem(str(path))
+    (part,) = plan(fs, [name], "jsonl", 0, 1 << 20)
+    out_fs, folder = filesystem(str(tmp_path / "out"))
+    writer = PartWriter(out_fs, folder, f"part-00000.{fmt}", fmt)
+    for chunk in read_part(fs, part, 4):  # the first chunks have no "lang"
+        writer.write(chunk)
+    writer.commit()
+    written = tmp_path / "out" / f"part-00000.{fmt}"
+    if fmt == "csv":
+        header, *_, last = written.read_text().splitlines()
+        assert (header, last) == ("text,lang", "10,de")
+    else:
+        assert pq.read_table(written).column("lang").to_pylist() == [None] * 10 + ["de"]
