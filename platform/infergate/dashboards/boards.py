@@ -330,6 +330,7 @@ def rollout() -> Dashboard:
             Row("Traffic split", split),
             Row("Shadow stage", shadow_panels()),
             Row("Champion vs canary", tuple(compared)),
+            Row("Payload log", (payload_panel(),)),
         ),
         (MODEL_VAR,),
     )
@@ -371,6 +372,20 @@ def shadow_panels() -> tuple[Panel, ...]:
             f"above {bound:.1f}, passed below {-bound:.1f} (false_rollback 1 %).",
             width=8,
         ),
+    )
+
+
+def payload_panel() -> Panel:
+    """What became of the payload log's records: a rollout's figures can be recomputed
+    from the log only while none are lost."""
+    records = sum_by("outcome", rate(m.PAYLOAD_RECORDS.full_name))
+    return Panel(
+        "Payload log records",
+        (Query(records, "{{outcome}}"),),
+        unit="cps",
+        min_value=0,
+        description="Records the replicas wrote, dropped (the writer fell behind) or lost "
+        "to a failed write (docs/monitoring.md, Payload log).",
     )
 
 

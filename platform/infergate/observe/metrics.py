@@ -193,6 +193,12 @@ SHADOW_TESTS = Metric(
     "canary over a good one; rolled back above log((1-a)/a), passed below its negative.",
     ("model", "test"),
 )  # fmt: skip
+PAYLOAD_RECORDS = Metric(
+    "payload_records_total", "counter",
+    "Payload log records of a replica by outcome: written, dropped (the writer fell two "
+    "flushes behind), failed (the write raised: a full disk, an object store away).",
+    ("outcome",),
+)  # fmt: skip
 
 # What the front-end replicas record; the control plane counts the rollout decisions.
 FRONTEND = (
@@ -218,5 +224,6 @@ FRONTEND = (
     SHADOW_TEXTS,
     SHADOW_DISAGREEMENT,
     SHADOW_REQUESTS,
+    PAYLOAD_RECORDS,
 )
 ALL = (*FRONTEND, ROLLOUT_DECISIONS, SHADOW_TESTS)

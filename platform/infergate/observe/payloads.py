@@ -95,6 +95,11 @@ class PayloadLog:
         return self.settings.enabled and self._write is not None
 
     @property
+    def outcomes(self) -> dict[str, int]:
+        """Records by outcome so far, as ``infergate_payload_records_total`` counts them."""
+        return {"written": self.written, "dropped": self.dropped, "failed": self.failed}
+
+    @property
     def held(self) -> int:
         return len(self._held)
 

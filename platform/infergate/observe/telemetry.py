@@ -44,6 +44,8 @@ class Telemetry(Protocol):
 
     def shadow(self, model: str, version: str, counters: ShadowCounters) -> None: ...
 
+    def payloads(self, outcomes: dict[str, int]) -> None: ...
+
 
 class NullTelemetry:
     def request(self, *args: Any) -> None:
@@ -59,6 +61,9 @@ class NullTelemetry:
         pass
 
     def shadow(self, *args: Any) -> None:
+        pass
+
+    def payloads(self, *args: Any) -> None:
         pass
 
     def flush(self) -> None:
@@ -216,6 +221,12 @@ class RayTelemetry:
         }
         for outcome, value in outcomes.items():
             self._gauges[m.SHADOW_REQUESTS.full_name].set(value, {**mv, "outcome": outcome})
+
+    def payloads(self, outcomes: dict[str, int]) -> None:
+        """The payload log's record counts, by outcome, as they stand (cumulative)."""
+        gauge = self._gauges[m.PAYLOAD_RECORDS.full_name]
+        for outcome, value in outcomes.items():
+            gauge.set(value, {"outcome": outcome})
 
     def drift(self, model: str, version: str, scores: dict[tuple[str, str], float]) -> None:
         gauge = self._gauges[m.DRIFT.full_name]

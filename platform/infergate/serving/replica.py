@@ -284,4 +284,6 @@ class Replica:
         for version in self.served:
             self.telemetry.weight(version.name, version.version, version.role, version.weight)
         self.monitors.publish()
+        if self.payloads.enabled:
+            self.telemetry.payloads(self.payloads.outcomes)
         self.telemetry.flush()

@@ -70,6 +70,7 @@ def test_past_two_flushes_worth_a_record_is_dropped_and_counted():
     for _ in range(10):
         payloads.add(payload())
     assert (payloads.held, payloads.dropped) == (6, 4)
+    assert payloads.outcomes == {"written": 0, "dropped": 4, "failed": 0}
 
 
 def test_a_writer_that_fails_loses_its_batch_not_the_log():

@@ -102,6 +102,7 @@ def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
         m.DRIFT.full_name,
         m.ROLLOUT_WEIGHT.full_name,
         *SHADOW_SERIES,  # set as they stand: test_a_canary_in_shadow_sets_its_series
+        m.PAYLOAD_RECORDS.full_name,  # test_the_payload_logs_outcomes_set_their_series
     }
     t = (("model", "t"), ("version", "1"))
     assert samples[("infergate_output_tokens_sum", t)] == 4
@@ -149,3 +150,13 @@ def test_a_canary_in_shadow_sets_its_series():
     outcomes = {dict(tags)["outcome"]: value
                 for tags, value in gauges[m.SHADOW_REQUESTS.full_name].values.items()}  # fmt: skip
     assert outcomes == {"compared": 8, "failed": 2, "slower": 1, "dropped": 3}
+
+
+def test_the_payload_logs_outcomes_set_their_series():
+    telemetry = RayTelemetry()
+    gauges = {name: Gauge() for name in telemetry._gauges}
+    telemetry._gauges = gauges
+    telemetry.payloads({"written": 40, "dropped": 4, "failed": 1})
+    outcomes = {dict(tags)["outcome"]: value
+                for tags, value in gauges[m.PAYLOAD_RECORDS.full_name].values.items()}  # fmt: skip
+    assert outcomes == {"written": 40, "dropped": 4, "failed": 1}
