@@ -330,6 +330,26 @@ def test_builder_args_are_frontend_settings():
     assert settings.tracking_uri == f"http://{named('mlflow')}:5000"
 
 
+def test_payload_log_values_reach_the_replicas_as_their_settings():
+    from infergate.config import PayloadSettings
+
+    args = frontend_app(render("defaults"))["args"]
+    off = PayloadSettings.model_validate(args["payloads"])
+    assert off == PayloadSettings(url="/tmp/infergate/payloads")  # the code's defaults
+    url = "s3://logs/payloads?endpoint_override=minio:9000&scheme=http"
+    values = {"enabled": True, "url": url, "texts": "drop", "maxTotalMb": 64,
+              "sample": {"champion": 0.5}, "s3ExistingSecret": "payload-store"}  # fmt: skip
+    manifests = render({"frontend": {"payloads": values}})
+    on = PayloadSettings.model_validate(frontend_app(manifests)["args"]["payloads"])
+    assert (on.enabled, on.url, on.texts, on.max_total_mb) == (True, url, "drop", 64)
+    assert (on.sample.champion, on.sample.canary) == (0.5, 0.1)
+    for template in ray_pod_templates(find(manifests, "RayService")):
+        (ray,) = template["spec"]["containers"]
+        assert ray["envFrom"] == [{"secretRef": {"name": "payload-store"}}]
+    for template in ray_pod_templates(find(render("defaults"), "RayService")):
+        assert "envFrom" not in template["spec"]["containers"][0]
+
+
 def test_coalescing_settings_reach_the_replicas_capped_at_tritons_batch():
     args = frontend_app(render("defaults"))["args"]
     assert (args["batch_max_rows"], args["batch_max_in_flight"]) == (64, 4)

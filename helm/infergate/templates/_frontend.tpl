@@ -33,6 +33,19 @@ applications:
       # Mounted from the API keys Secret on every Ray pod (infergate.apiKeysVolume).
       api_keys_file: {{ include "infergate.apiKeysFile" . | quote }}
       {{- end }}
+      {{- with $fe.payloads }}
+      payloads:
+        enabled: {{ .enabled }}
+        url: {{ .url | default "/tmp/infergate/payloads" | quote }}
+        max_total_mb: {{ .maxTotalMb }}
+        texts: {{ .texts | quote }}
+        sample:
+          champion: {{ .sample.champion }}
+          canary: {{ .sample.canary }}
+          shadow: {{ .sample.shadow }}
+        flush_interval_s: {{ .flushIntervalS }}
+        flush_records: {{ .flushRecords | int }}
+      {{- end }}
     deployments:
       - name: frontend
         max_ongoing_requests: {{ $fe.maxOngoingRequests }}
