@@ -40,6 +40,7 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningT
 # -- the whole stack, once per test session ---------------------------------------------
 
 RECONCILE_INTERVAL_S = 30
+REDACT_MODEL = "ner"  # the demo's PII model
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,11 @@ def running_stack(
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     state_dir = tmp_path_factory.mktemp("stack")
-    with running_stack(state_dir, stack_env(state_dir), "--demo", timeout_s=1800) as running:
+    env = stack_env(state_dir)
+    # The payload log's texts redacted by the demo's PII model (test_stack.py checks it).
+    env.update({"INFERGATE_FRONTEND__PAYLOADS__TEXTS": "redact",
+                "INFERGATE_FRONTEND__PAYLOADS__REDACT_MODEL": REDACT_MODEL})  # fmt: skip
+    with running_stack(state_dir, env, "--demo", timeout_s=1800) as running:
         yield running
 
 

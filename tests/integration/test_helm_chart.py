@@ -337,11 +337,13 @@ def test_payload_log_values_reach_the_replicas_as_their_settings():
     off = PayloadSettings.model_validate(args["payloads"])
     assert off == PayloadSettings(url="/tmp/infergate/payloads")  # the code's defaults
     url = "s3://logs/payloads?endpoint_override=minio:9000&scheme=http"
-    values = {"enabled": True, "url": url, "texts": "drop", "maxTotalMb": 64,
-              "sample": {"champion": 0.5}, "s3ExistingSecret": "payload-store"}  # fmt: skip
+    values = {"enabled": True, "url": url, "texts": "redact", "redactModel": "ner",
+              "maxTotalMb": 64, "sample": {"champion": 0.5},
+              "s3ExistingSecret": "payload-store"}  # fmt: skip
     manifests = render({"frontend": {"payloads": values}})
     on = PayloadSettings.model_validate(frontend_app(manifests)["args"]["payloads"])
-    assert (on.enabled, on.url, on.texts, on.max_total_mb) == (True, url, "drop", 64)
+    assert (on.enabled, on.url, on.max_total_mb) == (True, url, 64)
+    assert (on.texts, on.redact_model) == ("redact", "ner")
     assert (on.sample.champion, on.sample.canary) == (0.5, 0.1)
     for template in ray_pod_templates(find(manifests, "RayService")):
         (ray,) = template["spec"]["containers"]

@@ -74,6 +74,9 @@ def test_a_wrong_value_in_the_file_says_what_it_should_be(tmp_path, text, messag
         ({"INFERGATE_SERVE__AUTOSCALING__MAX_REPLICA": "3"},
          "serve.autoscaling.max_replica from INFERGATE_SERVE__AUTOSCALING__MAX_REPLICA is not "
          "a setting; did you mean INFERGATE_SERVE__AUTOSCALING__MAX_REPLICAS?"),
+        ({"INFERGATE_FRONTEND__PAYLOADS__TEXTS": "redact"},
+         "frontend.payloads from INFERGATE_FRONTEND__PAYLOADS__TEXTS is {'texts': 'redact'}; "
+         "texts: redact needs redact_model, the model that finds entities"),
         ({"INFERGATE_TRITON": "5", "INFERGATE_TRITON__GRPC_PORT": "9101"},
          "INFERGATE_TRITON__GRPC_PORT sets triton.grpc_port, inside triton, which "
          "INFERGATE_TRITON sets to '5'; unset one of them"),

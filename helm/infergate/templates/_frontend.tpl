@@ -39,6 +39,9 @@ applications:
         url: {{ .url | default "/tmp/infergate/payloads" | quote }}
         max_total_mb: {{ .maxTotalMb }}
         texts: {{ .texts | quote }}
+        {{- with .redactModel }}
+        redact_model: {{ . | quote }}
+        {{- end }}
         sample:
           champion: {{ .sample.champion }}
           canary: {{ .sample.canary }}

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from infergate.config.sources import (
     ENV_PREFIX,
@@ -180,10 +180,16 @@ class PayloadSettings(Frozen):
         description="The folder's size bound, all replicas together: past it the oldest "
         "files are deleted.",
     )
-    texts: Literal["keep", "hash", "drop"] = Field(
+    texts: Literal["keep", "hash", "drop", "redact"] = Field(
         "hash",
         description="What a record keeps of the request's texts: the texts, their SHA-256 "
-        "('sha256:<hex>', enough to count and match repeats), or nothing.",
+        "('sha256:<hex>', enough to count and match repeats), nothing, or the texts with "
+        "the entities redact_model finds replaced by their type ('[NAME]').",
+    )
+    redact_model: str | None = Field(
+        None,
+        description="With texts: redact, the served token-classification model (its "
+        "champion) that finds what to redact, e.g. the demo's PII model 'ner'.",
     )
     flush_interval_s: float = Field(
         10.0, gt=0, description="How often a replica writes what it holds, as a new file."
@@ -191,6 +197,12 @@ class PayloadSettings(Frozen):
     flush_records: int = Field(
         1000, ge=1, description="... or sooner, once it holds this many records."
     )
+
+    @model_validator(mode="after")
+    def _redaction_has_a_model(self) -> PayloadSettings:
+        if self.texts == "redact" and not self.redact_model:
+            raise ValueError("texts: redact needs redact_model, the model that finds entities")
+        return self
 
 
 class FrontendSettings(Frozen):

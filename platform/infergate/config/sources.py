@@ -165,7 +165,10 @@ def _origin_of(origins: Origins, loc: Loc) -> Origin:
 
 
 def _should_be(message: str) -> str:
-    """Pydantic's "Input should be a valid integer" as "it should be a valid integer"."""
+    """Pydantic's "Input should be a valid integer" as "it should be a valid integer", and
+    a check of several settings' own words without pydantic's "Value error, "."""
+    if message.startswith("Value error, "):
+        return message.removeprefix("Value error, ")
     return message.replace("Input ", "it ", 1) if message.startswith("Input ") else message
 
 

@@ -203,7 +203,8 @@ def _row(payload: Payload, texts: str) -> dict[str, Any]:
 
 
 def encode_texts(given: Sequence[str], texts: str) -> list[str] | None:
-    """What a record keeps of the texts (``texts``: keep, hash, drop)."""
+    """What a record keeps of the texts (``texts``: keep, hash, drop; redact: kept as
+    the log redacted them)."""
     if texts == "drop":
         return None
     if texts == "hash":

@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,10 @@ class Payload:
 
 
 Write = Callable[[list[Payload]], None]
+# Texts in, the same texts redacted out (``texts: redact``), run in the log's thread.
+Redact = Callable[[list[str]], list[str]]
+# What a record keeps of a text that could not be redacted: never the text itself.
+UNREDACTED = "[not redacted: dropped]"
 
 
 class PayloadLog:
@@ -73,9 +77,13 @@ class PayloadLog:
         *,
         draw: Callable[[], float] = random.random,
         clock: Callable[[], float] = time.time,
+        redact: Redact | None = None,
     ) -> None:
+        """``redact``: with ``texts: redact``, what replaces each text before it is
+        written (unset, or failing: ``UNREDACTED`` does)."""
         self.settings = settings
         self._write = write
+        self._redact = redact
         self._draw = draw
         self.clock = clock
         self._rates = settings.sample.model_dump()
@@ -135,6 +143,8 @@ class PayloadLog:
         if not batch or self._write is None:
             return 0
         try:
+            if self.settings.texts == "redact":
+                batch = self._redacted(batch)
             self._write(batch)
         except Exception:  # a full disk, an object store away: lose this batch, not the log
             self.failed += len(batch)
@@ -142,6 +152,25 @@ class PayloadLog:
             return 0
         self.written += len(batch)
         return len(batch)
+
+    def _redacted(self, batch: list[Payload]) -> list[Payload]:
+        """``batch`` with its texts redacted, in one call for all of them."""
+        given = [list(p.texts) if p.texts is not None else [] for p in batch]
+        texts = [text for texts in given for text in texts]
+        if not texts:
+            return batch
+        try:
+            if self._redact is None:
+                raise RuntimeError("no redaction model is wired to the log")
+            redacted = iter(self._redact(texts))
+        except Exception as exc:  # the model away, not served, of the wrong task
+            log.warning("payload log: redacting %d texts failed, they are dropped: %s",
+                        len(texts), exc)  # fmt: skip
+            redacted = iter([UNREDACTED] * len(texts))
+        return [
+            p if p.texts is None else replace(p, texts=[next(redacted) for _ in p.texts])
+            for p in batch
+        ]
 
     def start(self) -> None:
         """Flush from a thread of the log's own from now on."""
@@ -174,9 +203,11 @@ def replica_name() -> str:
     return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-def open_payload_log(settings: PayloadSettings, replica: str | None = None) -> PayloadLog:
-    """The log ``settings`` ask for, its thread started; a log that keeps nothing when
-    they turn it off."""
+def open_payload_log(
+    settings: PayloadSettings, replica: str | None = None, redact: Redact | None = None
+) -> PayloadLog:
+    """The log ``settings`` ask for, its thread started (``redact``: see
+    :class:`PayloadLog`); a log that keeps nothing when they turn it off."""
     if not settings.enabled:
         return PayloadLog(settings)
     from infergate.observe.payload_files import PayloadWriter  # pyarrow: only when on
@@ -185,7 +216,7 @@ def open_payload_log(settings: PayloadSettings, replica: str | None = None) -> P
     writer = PayloadWriter(
         url, replica or replica_name(), texts=settings.texts, max_total_mb=settings.max_total_mb
     )
-    payloads = PayloadLog(settings, writer)
+    payloads = PayloadLog(settings, writer, redact=redact)
     payloads.start()
     log.info("payload log: writing to %s as %s", url, writer.replica)
     return payloads

@@ -35,6 +35,7 @@ from infergate.serving.access import Access
 from infergate.serving.batching import Backend, BatchingBackend
 from infergate.serving.loader import load_version
 from infergate.serving.mirror import Mirror
+from infergate.serving.redaction import Redactor
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import Counted, ModelRuntime, drain
 from infergate.versions import (
@@ -115,7 +116,9 @@ class Replica:
         self.uploads.limit = settings.max_slow_uploads
         if settings.payloads != self.payloads.settings:
             self.payloads.close()  # its thread writes what it holds, then ends
-            self.payloads = self.mirror.payloads = open_payload_log(settings.payloads)
+            self.payloads = self.mirror.payloads = open_payload_log(
+                settings.payloads, redact=self._redactor(settings)
+            )
         triton = self.triton
         if triton is None or (triton.url, triton.timeout_s) != (
             settings.triton_grpc_url,
@@ -129,6 +132,25 @@ class Replica:
         # Calls in flight finish on the batcher they left from.
         self.backend = BatchingBackend.from_settings(triton, settings)
         self.apply(self.served, self.table_version)
+
+    def _redactor(self, settings: FrontendSettings) -> Redactor | None:
+        """What redacts the payload log's texts, when its settings ask for it (on the
+        running loop: configure is called on the replica's)."""
+        model = settings.payloads.redact_model
+        if settings.payloads.texts != "redact" or model is None:
+            return None
+        return Redactor(
+            model, self.champion, lambda: self.backend, asyncio.get_running_loop(),
+            chunk=settings.max_texts_per_request,
+        )  # fmt: skip
+
+    def champion(self, name: str) -> ModelRuntime | None:
+        """The loaded champion of model ``name`` in the current table, if any."""
+        return next(
+            (r for (model, _), r in self.loaded.items()
+             if model == name and r.served.role == CHAMPION),
+            None,
+        )  # fmt: skip
 
     def _close_later(self, batcher: BatchingBackend, replaced: TritonChannel) -> None:
         """Close a replaced Triton channel once ``batcher``, the last to call it, is idle:

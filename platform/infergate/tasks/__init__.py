@@ -198,6 +198,11 @@ class Task:
         """How far ``canary``'s answers to ``texts`` are from ``champion``'s, text by text."""
         raise NotImplementedError
 
+    def redacted(self, text: str, answer: Any) -> str:
+        """``text`` with what this task's ``answer`` to it found replaced (the payload
+        log's ``texts: redact``); only a task that finds spans in texts can."""
+        raise InvalidInput(f"a {self.name} model finds no spans in texts to redact")
+
     def counter_shares(
         self, figures: Figures, raw: np.ndarray, batch: Batch | None, labels: Sequence[str]
     ) -> tuple[np.ndarray, tuple[str, ...]]:

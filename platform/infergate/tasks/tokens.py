@@ -235,6 +235,15 @@ class TokenClassification(Task):
                 change = max(change, len(a ^ b) / len(a | b))
         return agreeing(kept, change)
 
+    def redacted(self, text: str, answer: Any) -> str:
+        """Each entity of ``answer`` (found in ``text`` with the default strategy)
+        replaced by its type in brackets: "[PER] lives in [LOC]"."""
+        redacted = text
+        for entity in sorted(answer, key=lambda e: e["start"], reverse=True):
+            start, end = entity["start"], entity["end"]
+            redacted = f"{redacted[:start]}[{entity['entity']}]{redacted[end:]}"
+        return redacted
+
     @staticmethod
     def _token_data(
         probabilities: np.ndarray, batch: Batch, i: int

@@ -8,7 +8,7 @@ import threading
 from itertools import cycle
 
 from infergate.config import PayloadSampling, PayloadSettings
-from infergate.observe.payloads import Payload, PayloadLog, open_payload_log
+from infergate.observe.payloads import UNREDACTED, Payload, PayloadLog, open_payload_log
 
 ON = PayloadSettings(enabled=True, flush_records=3, flush_interval_s=60)
 
@@ -123,3 +123,36 @@ def test_a_closed_log_takes_nothing_more():
     payloads.close()
     payloads.add(payload())
     assert payloads.held == 0
+
+
+REDACT = PayloadSettings(enabled=True, flush_records=10, texts="redact", redact_model="ner")
+
+
+def test_texts_are_redacted_in_one_call_before_they_are_written():
+    calls: list[list[str]] = []
+
+    def redact(texts: list[str]) -> list[str]:
+        calls.append(texts)
+        return [text.replace("Alice", "[PER]") for text in texts]
+
+    batches = Batches()
+    payloads = PayloadLog(REDACT, batches, redact=redact)
+    payloads.add(Payload(1.0, "m", "1", "champion", ["Alice here", "hi"], None, 1.0, 200, ""))
+    payloads.add(Payload(1.0, "m", "", "", None, None, 1.0, 400, ""))  # body never read
+    payloads.add(Payload(1.0, "m", "1", "champion", ["Alice again"], None, 1.0, 200, ""))
+    assert payloads.flush() == 3
+    assert calls == [["Alice here", "hi", "Alice again"]]
+    written = [p.texts for p in batches.batches[0]]
+    assert written == [["[PER] here", "hi"], None, ["[PER] again"]]
+
+
+def test_texts_that_cannot_be_redacted_are_never_written_as_they_are():
+    def away(texts: list[str]) -> list[str]:
+        raise ConnectionError("Triton is away")
+
+    for redact in (away, None):  # failing, or no model wired to the log
+        batches = Batches()
+        payloads = PayloadLog(REDACT, batches, redact=redact)
+        payloads.add(Payload(1.0, "m", "1", "champion", ["Alice", "Bob"], None, 1.0, 200, ""))
+        assert payloads.flush() == 1
+        assert batches.batches[0][0].texts == [UNREDACTED, UNREDACTED]

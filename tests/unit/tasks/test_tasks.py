@@ -32,3 +32,21 @@ def test_an_unknown_task_is_named_in_the_error():
         assert "'summarization' is not supported" in str(error)
     else:
         raise AssertionError("no error")
+
+
+def test_entities_are_redacted_by_their_type_and_other_tasks_refuse():
+    import pytest
+
+    from infergate.errors import InvalidInput
+
+    text = "Alice Smith lives in London."
+    answer = [
+        {"entity": "PER", "score": 0.9, "start": 0, "end": 11, "word": "Alice Smith"},
+        {"entity": "LOC", "score": 0.8, "start": 21, "end": 27, "word": "London"},
+    ]
+    ner = tasks.get("token-classification")
+    assert ner.redacted(text, answer) == "[PER] lives in [LOC]."
+    assert ner.redacted(text, []) == text
+    for name in set(tasks.TASKS) - {"token-classification"}:
+        with pytest.raises(InvalidInput, match="finds no spans in texts to redact"):
+            tasks.get(name).redacted(text, None)
