@@ -16,8 +16,10 @@ manual one holds wherever it is put.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
@@ -194,12 +196,16 @@ def analyse(
         return Decision(
             "rollback", f"{incomparable}; roll it out by hand (canary start --manual)", figures
         )
-    # Latency and outputs are statistics of samples: judged at every tick, chance alone
-    # would fail an equal version sooner or later. They are judged once, over the whole
-    # step; the figures show how they stand meanwhile.
+    # Latency and outputs are statistics of samples: judged at every tick at the step's
+    # own bounds, chance alone would fail an equal version sooner or later. They are
+    # judged so once, over the whole step; before its end only evidence that also passes
+    # a significance test strict enough for every look of the step rolls a canary back.
     too_slow = _latency_failure(policy, canary, champion, figures)
     diverging = _output_failure(policy, canary, champion, figures)
     if now - state.step_started_at < policy.step_interval_s:
+        early = _early_failure(policy, canary, champion, figures)
+        if early is not None:
+            return Decision("rollback", early, figures)
         left = policy.step_interval_s - (now - state.step_started_at)
         return Decision("wait", f"step judged in {left:.0f} s", figures)
     failure = too_slow or diverging
@@ -271,6 +277,74 @@ def _output_failure(
             f"(allowed {policy.max_output_psi})"
         )
     return None
+
+
+def look_level(policy: RolloutPolicy) -> float:
+    """The significance level of one look before a step's end. Rollouts are analysed
+    every few seconds (``admin.analysis_interval_s``); counting a look a second, the
+    step's looks together fail an equal version in at most ``false_rollback`` of steps
+    (Bonferroni: looks at growing windows overlap, so the real rate is lower)."""
+    return policy.false_rollback / max(1.0, policy.step_interval_s)
+
+
+def _early_failure(
+    policy: RolloutPolicy, canary: VersionWindow, champion: VersionWindow, figures: dict
+) -> str | None:
+    """Why the canary is rolled back before its step ends, or None: a failure of the
+    step's own bounds (``_latency_failure``, ``_output_failure``, already in
+    ``figures``) that is also significant at ``look_level``."""
+    if champion.requests < policy.min_requests:
+        return None
+    level = look_level(policy)
+    z_bound = NormalDist().inv_cdf(1.0 - level)
+    if (
+        figures.get("slower_z", 0.0) > z_bound
+        and canary.p95_ms - champion.p95_ms > policy.latency_margin_ms
+        and figures.get("p95_ratio", 0.0) > policy.max_latency_ratio
+    ):
+        return (
+            f"p95 latency {canary.p95_ms:.1f} ms is {figures['p95_ratio']:.2f}x the "
+            f"champion's, slower overall (z {figures['slower_z']:.1f} > {z_bound:.1f}), "
+            "before the step's end"
+        )
+    if figures.get("output_psi", 0.0) > policy.max_output_psi:
+        chi2, df = shares_chi2(canary.output_shares, canary.requests,
+                               champion.output_shares, champion.requests)  # fmt: skip
+        bound = chi2_bound(level, df)
+        figures.update(output_chi2=chi2, output_chi2_bound=bound)
+        if chi2 > bound:
+            return (
+                f"output distribution diverges from the champion's: PSI "
+                f"{figures['output_psi']:.3f} (allowed {policy.max_output_psi}), chi-square "
+                f"{chi2:.1f} > {bound:.1f}, before the step's end"
+            )
+    return None
+
+
+def shares_chi2(
+    canary: Sequence[float], n_canary: int, champion: Sequence[float], n_champion: int
+) -> tuple[float, int]:
+    """Chi-square of homogeneity of two versions' output shares over their requests, and
+    its degrees of freedom. A request adds shares summing to 1 however many texts it
+    holds, so requests of many texts make the statistic smaller (the test conservative)."""
+    a, b = np.asarray(canary, dtype=float), np.asarray(champion, dtype=float)
+    pooled = (n_canary * a + n_champion * b) / (n_canary + n_champion)
+    seen = pooled > 0
+    weight = n_canary * n_champion / (n_canary + n_champion)
+    chi2 = weight * float(np.sum((a - b)[seen] ** 2 / pooled[seen]))
+    return chi2, max(int(seen.sum()) - 1, 1)
+
+
+def chi2_bound(level: float, df: int) -> float:
+    """The chi-square value ``df`` degrees of freedom exceed with probability ``level``:
+    exact for one and two, else Wilson and Hilferty's cube-root approximation (within
+    1 % from three degrees on)."""
+    if df == 1:
+        return NormalDist().inv_cdf(1.0 - level / 2) ** 2
+    if df == 2:
+        return -2.0 * math.log(level)
+    z = NormalDist().inv_cdf(1.0 - level)
+    return df * (1.0 - 2.0 / (9 * df) + z * math.sqrt(2.0 / (9 * df))) ** 3
 
 
 def slower_z(canary: Sequence[int], champion: Sequence[int]) -> float:

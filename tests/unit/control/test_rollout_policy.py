@@ -1,4 +1,5 @@
 from dataclasses import replace
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -11,6 +12,9 @@ from infergate.control.policy import (
     analyse,
     apply,
     check_weight,
+    chi2_bound,
+    look_level,
+    shares_chi2,
     slower_z,
     start,
 )
@@ -76,14 +80,20 @@ def spread(center_ms: float, n: int = 100) -> tuple[float, ...]:
     return tuple(center_ms * (0.8 + 0.4 * i / n) for i in range(n))
 
 
-def test_latency_is_judged_at_the_end_of_the_step():
+def test_latency_is_judged_at_the_end_of_the_step_unless_the_evidence_is_overwhelming():
     state = start("2", POLICY, 0.0)
-    slow, champion = timed(*spread(20.0)), timed(*spread(10.0, 300))
+    # 20 requests a little slower, four of them three times: past the step's bounds
+    # (p95 1.9x, z 3.0 > 2.33), not yet past a look's before its end (3.6 for 60 s at 1 %).
+    slow, champion = timed(*spread(11.0, 16), *[30.0] * 4), timed(*spread(10.0, 300))
     early = analyse(POLICY, state, slow, champion, 1.0)
     assert early.action == "wait" and early.figures["p95_ratio"] > 1.8
+    assert SLOWER_Z < early.figures["slower_z"] < NormalDist().inv_cdf(1 - look_level(POLICY))
     late = analyse(POLICY, state, slow, champion, 61.0)
     assert late.action == "rollback" and "p95 latency" in late.reason
-    assert late.figures["slower_z"] > 10 and late.figures["output_psi"] == 0.0  # all shown
+    assert late.figures["output_psi"] == 0.0  # all shown
+    # Every request twice as slow, over 100: overwhelming (z > 10), rolled back at once.
+    at_once = analyse(POLICY, state, timed(*spread(20.0)), champion, 1.0)
+    assert at_once.action == "rollback" and "before the step's end" in at_once.reason
 
 
 def test_latency_within_the_margin_or_slower_only_in_its_tail_passes():
@@ -106,13 +116,18 @@ def test_slower_z_compares_whole_histograms():
     assert slower_z([], same) == 0.0 and slower_z([0, 0], [0, 0]) == 0.0
 
 
-def test_output_divergence_rolls_back_at_the_end_of_the_step():
+def test_output_divergence_rolls_back_at_the_end_of_the_step_or_at_once_if_certain():
     state = start("2", POLICY, 0.0)
-    # PSI of (0.5, 0.5) -> (0.9, 0.1): 0.4*ln(1.8) + (-0.4)*ln(0.2) = 0.8789
-    skewed = window(output_shares=(0.9, 0.1))
-    assert analyse(POLICY, state, skewed, HEALTHY, 1.0).action == "wait"
-    decision = analyse(POLICY, state, skewed, HEALTHY, 61.0)
-    assert decision.action == "rollback"
+    # PSI of (0.5, 0.5) -> (0.75, 0.25) over 20 requests a side: 0.275, past 0.25, but
+    # chance could do it (chi-square 2.7); judged at the step's end.
+    leaning = window(requests=20, output_shares=(0.75, 0.25))
+    early = analyse(POLICY, state, leaning, window(requests=20), 1.0)
+    assert early.action == "wait" and early.figures["output_chi2"] == pytest.approx(2.67, 0.01)
+    assert analyse(POLICY, state, leaning, window(requests=20), 61.0).action == "rollback"
+    # PSI of (0.5, 0.5) -> (0.9, 0.1): 0.4*ln(1.8) + (-0.4)*ln(0.2) = 0.8789, over 100
+    # requests a side (chi-square 38): no chance, rolled back at once.
+    decision = analyse(POLICY, state, window(output_shares=(0.9, 0.1)), HEALTHY, 1.0)
+    assert decision.action == "rollback" and "before the step's end" in decision.reason
     assert decision.figures["output_psi"] == pytest.approx(0.4 * 0.587787 + 0.4 * 1.609438, 1e-4)
 
 
@@ -231,3 +246,63 @@ def test_replica_counters_carry_their_classes_to_the_window():
     baseline = VersionCounters()  # the step's start, before any request
     window = merged.minus(baseline).window()
     assert window.classes == ("negative", "positive") and window.output_shares == (0.5, 0.5)
+
+
+def test_the_chi_square_of_shares_and_its_bound():
+    # A 2x2 table of 50/50 against 90/10 over 100 requests a side: chi-square 38.1.
+    chi2, df = shares_chi2((0.9, 0.1), 100, (0.5, 0.5), 100)
+    assert (round(chi2, 1), df) == (38.1, 1)
+    assert shares_chi2((0.5, 0.5, 0.0), 10, (0.5, 0.5, 0.0), 10) == (0.0, 1)  # unseen class
+    # Against exact quantiles: 6.63 (df 1, 1 %), 9.21 (df 2, 1 %), 21.67 (df 9, 1 %).
+    for df, exact in ((1, 6.63), (2, 9.21), (9, 21.67)):
+        assert exact <= chi2_bound(0.01, df) <= exact * 1.08
+
+
+def step_looks(rng, canary_p, champion_p, canary_ms, champion_ms, looks=30, per_look=(3, 27)):
+    """One step of ``looks`` analyses (a look every 2 s of a 60 s step) over windows
+    growing by ``per_look`` requests (a 10 % canary): one text a request, labelled
+    positive with probability ``p``, and latencies like this machine's (lognormal around
+    ``ms``); the first decision that is not a wait, and its look."""
+    state = start("2", POLICY, 0.0)
+    sides = [VersionCounters(outputs=[0.0, 0.0], classes=("positive", "negative"))
+             for _ in range(2)]  # fmt: skip
+    for look in range(1, looks + 1):
+        for counters, n, p, ms in zip(sides, per_look, (canary_p, champion_p),
+                                      (canary_ms, champion_ms), strict=True):  # fmt: skip
+            positive = int(rng.binomial(n, p))
+            seconds = rng.lognormal(np.log(ms / 1e3), 0.3, n)
+            buckets = np.searchsorted(LATENCY_BUCKETS_S, seconds)
+            latency = np.bincount(buckets, minlength=len(counters.latency))
+            counters.requests += n
+            counters.latency = [a + int(b) for a, b in zip(counters.latency, latency, strict=True)]
+            counters.outputs = [counters.outputs[0] + positive, counters.outputs[1] + n - positive]
+        decision = analyse(POLICY, state, sides[0].window(), sides[1].window(), 2.0 * look)
+        if decision.action != "wait":
+            return decision, look
+    return decision, looks
+
+
+def test_an_equal_canary_is_rolled_back_early_in_under_one_percent_of_steps():
+    # 500 steps of 29 looks (the 30th is the step's end): 0.2 % of 1,000 seen here.
+    rng = np.random.default_rng(11)
+    runs = [step_looks(rng, 0.7, 0.7, 8.0, 8.0, looks=29) for _ in range(500)]
+    early = sum(d.action == "rollback" for d, _ in runs) / len(runs)
+    print(f"\nequal canary rolled back before the step's end in {early:.2%} of steps")
+    assert early <= POLICY.false_rollback
+
+
+def test_a_canary_with_swapped_labels_or_three_times_slower_goes_within_the_step():
+    rng = np.random.default_rng(12)
+    for canary_p, canary_ms, why in ((0.3, 8.0, "output distribution"),
+                                     (0.7, 24.0, "p95 latency")):  # fmt: skip
+        looks = []
+        for _ in range(200):
+            decision, look = step_looks(rng, canary_p, 0.7, canary_ms, 8.0)
+            assert decision.action == "rollback" and "before the step's end" in decision.reason
+            assert why in decision.reason
+            looks.append(look)
+        requests = 3 * np.percentile(looks, [50, 99])
+        print(f"\n{why}: rolled back after {requests[0]:.0f} canary requests (median), "
+              f"{requests[1]:.0f} (99th percentile) of the step's 90")  # fmt: skip
+        # min_requests (20) canary requests take 7 looks of 3 requests.
+        assert np.median(looks) <= 9 and max(looks) < 30, looks

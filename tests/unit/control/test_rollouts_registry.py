@@ -269,12 +269,13 @@ def test_a_control_plane_restarted_mid_rollout_goes_on_with_the_steps_figures(tm
     clock.advance(61)
     assert [d.action for _, d in rollouts.tick()] == ["advance"]
     rollouts.tick()  # the 100 % step's window starts here
-    counters["a/2"] = served_for(counters["a/2"], 40.0, 60)
-    rollouts.tick()
+    # Fewer than min_requests (30) before the restart: nothing judged yet, not even early.
+    counters["a/2"] = served_for(counters["a/2"], 40.0, 20)
+    assert rollouts.tick() == [] and rollouts.status("a").analysis.action == "wait"
     restarted = control_plane()  # the process is gone; the file stays
-    counters = {"a/1": VersionCounters(), "a/2": served_for(VersionCounters(), 40.0, 60)}
+    counters = {"a/1": VersionCounters(), "a/2": served_for(VersionCounters(), 40.0, 20)}
     clock.advance(61)
     (decision,) = [d for _, d in restarted.tick()]
     assert decision.action == "rollback" and "p95 latency" in decision.reason
     assert decision.figures["champion_requests"] == 200  # the 50 % step's, kept
-    assert decision.figures["canary_requests"] == 120  # 60 before the restart, 60 after
+    assert decision.figures["canary_requests"] == 40  # 20 before the restart, 20 after
