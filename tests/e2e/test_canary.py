@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import RECONCILE_INTERVAL_S, Stack, clone_version, wait_for
+from conftest import RECONCILE_INTERVAL_S, Load, Stack, clone_version, wait_for
 from mlflow import MlflowClient
 
 from infergate.registry import Registry
@@ -464,3 +464,50 @@ def test_a_classifier_retrained_with_another_seed_is_promoted_through_every_step
     assert client.get_registered_model(RETRAINED).aliases == {"champion": version}, trail
     assert [entry["action"] for entry in trail] == ["start", "advance", "advance", "promote"]
     assert trail[1]["reason"].startswith("shadow passed: agreement ")
+
+
+def test_clients_latency_with_a_canary_in_shadow_and_without(stack, http, tmp_path):
+    """Side by side on the demo's sentiment (MiniLM): the same paced client in a window
+    without a canary, one with a copy of the champion in shadow at the default share
+    (held there by a pair minimum it never reaches), and one without again. Mirroring
+    happens after each answer; what clients can feel is the CPU the canary's share takes."""
+    mlflow = MlflowClient(stack.mlflow)
+    held = "infergate.rollout.policy.min_pairs"
+    shadowed = clone_version(Registry(stack.mlflow), "sentiment", "1", tmp_path)
+
+    def described() -> list[dict]:
+        return http.get("/v1/models/sentiment").json()["versions"]
+
+    def window() -> list[float]:
+        body = {"inputs": "The service was slow but the food was great."}
+        with Load(lambda: http.post("/v1/models/sentiment/predict", json=body)) as load:
+            time.sleep(8.0)
+        assert {status for _, _, status, _ in load.answers} == {200}
+        return sorted(seconds * 1e3 for _, seconds, _, _ in load.answers)
+
+    without = window()
+    mlflow.set_registered_model_tag("sentiment", held, str(10**9))
+    try:
+        assert stack.cli("canary", "start", "sentiment", "--version", shadowed).returncode == 0
+        wait_for(lambda: any("shadow" in v for v in described()), 60, "the canary in shadow")
+        shadowing = window()
+        status = stack.cli("canary", "status", "sentiment").stdout
+        mirrored = float(status.split("shadow_requests", 1)[1].split()[0])
+    finally:
+        assert stack.cli("canary", "rollback", "sentiment").returncode == 0
+        mlflow.delete_registered_model_tag("sentiment", held)
+    wait_for(lambda: len(described()) == 1, 60, "the champion alone again")
+    without += window()
+    without.sort()
+
+    def quantile(ms: list[float], q: float) -> float:
+        return ms[min(len(ms) - 1, int(q * len(ms)))]
+
+    p50 = (quantile(shadowing, 0.5), quantile(without, 0.5))
+    p99 = (quantile(shadowing, 0.99), quantile(without, 0.99))
+    print(f"\nclients' latency with a canary in shadow ({len(shadowing)} requests, "
+          f"{mirrored:.0f} mirrored) against without ({len(without)}): p50 {p50[0]:.1f} "
+          f"vs {p50[1]:.1f} ms ({p50[0] / p50[1]:.2f}x), p99 {p99[0]:.1f} vs {p99[1]:.1f} ms "
+          f"({p99[0] / p99[1]:.2f}x)")  # fmt: skip
+    assert mirrored >= 0.1 * len(shadowing)  # the share really went to the canary
+    assert p50[0] <= 1.5 * p50[1] + 2.0, (p50, p99)
