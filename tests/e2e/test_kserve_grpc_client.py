@@ -120,3 +120,6 @@ def test_a_bad_request_gets_the_rest_message_as_invalid_argument(client, rest):
     floats.set_data_from_numpy(np.ones(1, np.float32))
     wrong = refusal(lambda: client.infer("sentiment", [floats]))
     assert wrong.status() == "StatusCode.INVALID_ARGUMENT" and "'BYTES'" in wrong.message()
+    other_task = refusal(lambda: client.infer("ner", [grpc_texts(TEXTS[:1])]))
+    assert other_task.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "use POST /v1/models/{name}/predict" in other_task.message()
