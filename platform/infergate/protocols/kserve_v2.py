@@ -18,7 +18,8 @@ own endpoint.
 
 Protocol: https://github.com/kserve/open-inference-protocol/blob/main/specification/protocol/inference_rest.md
 The request, declared once: ``infergate.protocols.v2_request``; the binary tensor data
-extension: ``infergate.protocols.v2_binary``.
+extension: ``infergate.protocols.v2_binary``; the same protocol over gRPC, which takes its
+metadata, refusals and output tensors from here: ``infergate.protocols.v2_grpc``.
 """
 
 from __future__ import annotations
