@@ -115,7 +115,16 @@ def _register_demo(config: StackConfig) -> None:
 
 def _print_endpoints(endpoints: dict[str, Any], *, detached: bool = False) -> None:
     lines = ["infergate is up:"]
-    keys = ("inference", "admin", "mlflow", "triton_grpc", "triton_metrics", "prometheus", "logs")
+    keys = (
+        "inference",
+        "inference_grpc",
+        "admin",
+        "mlflow",
+        "triton_grpc",
+        "triton_metrics",
+        "prometheus",
+        "logs",
+    )
     for key in keys:
         if key in endpoints:
             lines.append(f"  {key:<15} {endpoints[key]}")

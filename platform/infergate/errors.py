@@ -1,4 +1,5 @@
-"""Typed errors, every one the platform raises. Each carries its HTTP status; one handler
+"""Typed errors, every one the platform raises. Each carries its HTTP status (and the
+gRPC status of the same failure, ``grpc_code``); one handler
 (``infergate.http``) turns any of them into ``{"error": message, "type": kind}``, and
 ``exit_code`` into one line on the command line."""
 
@@ -14,6 +15,9 @@ class InfergateError(Exception):
 
     status: int = 500
     kind: str = "internal_error"
+    # The gRPC status of the same failure (a grpc.StatusCode's name), for the Open
+    # Inference Protocol over gRPC: https://grpc.github.io/grpc/core/md_doc_statuscodes.html
+    grpc_code: str = "INTERNAL"
     param: str | None = None  # the request field at fault, where there is one
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
@@ -42,6 +46,7 @@ def exit_code(command: Callable[[], int]) -> int:
 class InvalidInput(InfergateError):
     status = 422
     kind = "invalid_input"
+    grpc_code = "INVALID_ARGUMENT"
 
 
 class WrongTask(InfergateError):
@@ -50,21 +55,25 @@ class WrongTask(InfergateError):
 
     status = 424
     kind = "wrong_task"
+    grpc_code = "FAILED_PRECONDITION"
 
 
 class MalformedBody(InfergateError):
     status = 400
     kind = "malformed_body"
+    grpc_code = "INVALID_ARGUMENT"
 
 
 class PayloadTooLarge(InfergateError):
     status = 413
     kind = "payload_too_large"
+    grpc_code = "RESOURCE_EXHAUSTED"
 
 
 class UnsupportedMediaType(InfergateError):
     status = 415
     kind = "unsupported_media_type"
+    grpc_code = "INVALID_ARGUMENT"
 
 
 class Unauthorized(InfergateError):
@@ -72,6 +81,7 @@ class Unauthorized(InfergateError):
 
     status = 401
     kind = "unauthorized"
+    grpc_code = "UNAUTHENTICATED"
 
     def headers(self) -> dict[str, str]:
         return {"WWW-Authenticate": "Bearer"}  # RFC 9110, 15.5.2: say how to authenticate
@@ -82,6 +92,7 @@ class Forbidden(InfergateError):
 
     status = 403
     kind = "forbidden"
+    grpc_code = "PERMISSION_DENIED"
 
 
 class RequestTimeout(InfergateError):
@@ -89,6 +100,7 @@ class RequestTimeout(InfergateError):
 
     status = 408
     kind = "request_timeout"
+    grpc_code = "DEADLINE_EXCEEDED"
 
     def headers(self) -> dict[str, str]:
         return {"Connection": "close"}
@@ -97,16 +109,19 @@ class RequestTimeout(InfergateError):
 class ModelNotFound(InfergateError):
     status = 404
     kind = "model_not_found"
+    grpc_code = "NOT_FOUND"
 
 
 class RouteNotFound(InfergateError):
     status = 404
     kind = "not_found"
+    grpc_code = "NOT_FOUND"
 
 
 class MethodNotAllowed(InfergateError):
     status = 405
     kind = "method_not_allowed"
+    grpc_code = "UNIMPLEMENTED"
 
     def __init__(self, message: str, allow: str = "") -> None:
         super().__init__(message)
@@ -121,6 +136,7 @@ class RolloutConflict(InfergateError):
 
     status = 409
     kind = "rollout_conflict"
+    grpc_code = "FAILED_PRECONDITION"
 
 
 class Overloaded(InfergateError):
@@ -129,6 +145,7 @@ class Overloaded(InfergateError):
 
     status = 429
     kind = "overloaded"
+    grpc_code = "RESOURCE_EXHAUSTED"
 
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
@@ -150,6 +167,7 @@ class ClientClosedRequest(InfergateError):
 
     status = 499
     kind = "client_closed_request"
+    grpc_code = "CANCELLED"
 
 
 class BackendUnavailable(InfergateError):
@@ -157,6 +175,7 @@ class BackendUnavailable(InfergateError):
 
     status = 503
     kind = "backend_unavailable"
+    grpc_code = "UNAVAILABLE"
 
 
 class BackendTimeout(BackendUnavailable):
@@ -164,6 +183,7 @@ class BackendTimeout(BackendUnavailable):
 
     status = 504
     kind = "backend_timeout"
+    grpc_code = "DEADLINE_EXCEEDED"
 
 
 class DeliveryUnderWay(InfergateError):
@@ -171,6 +191,7 @@ class DeliveryUnderWay(InfergateError):
 
     status = 503  # MLflow retries a 503, backing off
     kind = "delivery_under_way"
+    grpc_code = "UNAVAILABLE"
 
 
 class RegistrationError(InfergateError):
@@ -211,3 +232,4 @@ class BatchError(InfergateError):
 
     status = 400
     kind = "batch_error"
+    grpc_code = "INVALID_ARGUMENT"

@@ -14,13 +14,16 @@ import contextlib
 import logging
 from typing import Any
 
+import grpc
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
+from tritonclient.grpc import service_pb2
 
 from infergate.config import FrontendSettings, ServeSettings
 from infergate.control.state import control_state
 from infergate.observe.telemetry import RayTelemetry
+from infergate.protocols import v2_grpc
 from infergate.serving.replica import Replica
 from infergate.serving.replica_logs import log_to_replica_file
 from infergate.serving.tokenization import tokenize_serially
@@ -103,6 +106,40 @@ class FrontendDeployment:
 
     async def __call__(self, request: Request) -> Response:
         return await self._replica.handle(request)
+
+    # -- the Open Inference Protocol over gRPC (infergate.protocols.v2_grpc) ---------------
+    # Ray Serve's gRPC ingress calls the method named as the RPC with the request message
+    # and, by that keyword, the call's context (ray.serve.grpc_util.RayServegRPCContext).
+
+    async def ServerLive(self, request: Any, grpc_context: Any) -> Any:
+        return await self._rpc("ServerLive", request, grpc_context)
+
+    async def ServerReady(self, request: Any, grpc_context: Any) -> Any:
+        return await self._rpc("ServerReady", request, grpc_context)
+
+    async def ModelReady(self, request: Any, grpc_context: Any) -> Any:
+        return await self._rpc("ModelReady", request, grpc_context)
+
+    async def ServerMetadata(self, request: Any, grpc_context: Any) -> Any:
+        return await self._rpc("ServerMetadata", request, grpc_context)
+
+    async def ModelMetadata(self, request: Any, grpc_context: Any) -> Any:
+        return await self._rpc("ModelMetadata", request, grpc_context)
+
+    async def ModelInfer(self, request: Any, grpc_context: Any) -> Any:
+        return await self._rpc("ModelInfer", request, grpc_context)
+
+    async def _rpc(self, rpc: str, request: Any, grpc_context: Any) -> Any:
+        """The answer as ``service_pb2``'s response message. A refusal's status goes on
+        the context and its (empty) message is dropped: Serve sends the user's code."""
+        metadata = {key.lower(): value for key, value in grpc_context.invocation_metadata()}
+        answer = await v2_grpc.answer(self._replica.frontend, rpc, request, metadata)
+        if answer.code != v2_grpc.OK:
+            grpc_context.set_code(grpc.StatusCode[answer.code])
+            grpc_context.set_details(answer.details)
+        if answer.trailers:
+            grpc_context.set_trailing_metadata(list(answer.trailers))
+        return getattr(service_pb2, f"{rpc}Response")(**answer.fields)
 
     def check_health(self) -> None:
         if self._sync_task.done():

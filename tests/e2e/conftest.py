@@ -77,7 +77,8 @@ def stack_env(state_dir: Path) -> dict[str, str]:
     names = ["MLFLOW__PORT", "TRITON__HTTP_PORT", "TRITON__GRPC_PORT", "TRITON__METRICS_PORT",
              "SERVE__PORT", "SERVE__METRICS_EXPORT_PORT", "SERVE__HAPROXY_STATS_PORT",
              "SERVE__HAPROXY_METRICS_PORT", "SERVE__FALLBACK_PROXY_PORT",
-             "SERVE__FALLBACK_PROXY_GRPC_PORT", "PROMETHEUS__PORT", "ADMIN__PORT"]  # fmt: skip
+             "SERVE__FALLBACK_PROXY_GRPC_PORT", "FRONTEND__GRPC_PORT", "PROMETHEUS__PORT",
+             "ADMIN__PORT"]  # fmt: skip
     ports = free_ports(len(names))
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.update({f"INFERGATE_{name}": str(port) for name, port in zip(names, ports, strict=True)})

@@ -9,7 +9,9 @@ table of docs/reliability.md is one such run."""
 
 from __future__ import annotations
 
+import csv
 import errno
+import io
 import json
 import os
 import shutil
@@ -251,6 +253,33 @@ def capacity(stack: Stack) -> float:
 def p99(seconds: list[float]) -> float:
     ordered = sorted(seconds)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def grpc_sessions_by_replica(stack: Stack) -> Counter[str]:
+    """Calls HAProxy's gRPC frontend handed each front-end replica so far (its stats page)."""
+    port = stack.env["INFERGATE_SERVE__HAPROXY_STATS_PORT"]
+    text = httpx.get(f"http://127.0.0.1:{port}/stats;csv", timeout=10).text.lstrip("# ")
+    return Counter({
+        row["svname"]: int(row["stot"]) for row in csv.DictReader(io.StringIO(text))
+        if row["pxname"] == "grpc-infergate" and row["svname"].startswith("SERVE_REPLICA")
+    })  # fmt: skip
+
+
+def test_grpc_calls_on_one_connection_spread_over_both_replicas(stack):
+    # Before the faults: both replicas up. HAProxy balances each call (an HTTP/2 stream),
+    # not each connection, so one tritonclient.grpc channel reaches every replica.
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+
+    before = grpc_sessions_by_replica(stack)
+    text = triton_grpc.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array(["a steady stream"], dtype=object))
+    url = f"127.0.0.1:{stack.env['INFERGATE_FRONTEND__GRPC_PORT']}"
+    with triton_grpc.InferenceServerClient(url=url) as client:
+        for _ in range(40):
+            assert client.infer(MODEL, [text]).as_numpy("label").shape == (1,)
+    calls = grpc_sessions_by_replica(stack) - before
+    assert len(calls) == 2 and min(calls.values()) >= 10, calls
 
 
 def test_a_soak_at_half_capacity_with_a_canary_rolling_through(stack, report, tmp_path):

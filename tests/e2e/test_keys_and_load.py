@@ -105,6 +105,33 @@ def test_no_key_401_a_key_outside_its_scope_403(stack, http):
     assert predict(http, "beta", keys.ops).status_code == 200
 
 
+def test_grpc_calls_want_the_same_keys(stack):
+    # tritonclient.grpc, unchanged: the key travels as the call's metadata.
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+    from tritonclient.utils import InferenceServerException
+
+    running, keys = stack
+    url = f"127.0.0.1:{running.env['INFERGATE_FRONTEND__GRPC_PORT']}"
+    text = triton_grpc.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array(["a fine day"], dtype=object))
+    with triton_grpc.InferenceServerClient(url=url) as client:
+        assert client.is_server_live()  # probes need no key
+
+        def refused(model: str, key: str | None) -> InferenceServerException:
+            headers = {"authorization": f"Bearer {key}"} if key else None
+            with pytest.raises(InferenceServerException) as info:
+                client.infer(model, [text], headers=headers)
+            return info.value
+
+        assert refused("alpha", None).status() == "StatusCode.UNAUTHENTICATED"
+        outside = refused("beta", keys.search)
+        assert outside.status() == "StatusCode.PERMISSION_DENIED"
+        assert "may not call model 'beta'" in outside.message()
+        answered = client.infer("alpha", [text], headers={"authorization": f"Bearer {keys.search}"})
+        assert answered.as_numpy("label").shape == (1,)
+
+
 def test_the_key_id_is_on_the_metrics_and_the_key_nowhere(stack, http):
     running, keys = stack
     for _ in range(3):

@@ -54,6 +54,7 @@ def default_addresses(stack: Stack) -> dict[str, str]:
         "127.0.0.1:5000": stack.mlflow.removeprefix("http://"),
         "127.0.0.1:8104": stack.admin.removeprefix("http://"),
         "127.0.0.1:9090": prometheus,
+        "127.0.0.1:8081": f"127.0.0.1:{stack.env['INFERGATE_FRONTEND__GRPC_PORT']}",
     }
 
 

@@ -214,6 +214,14 @@ class FrontendSettings(Frozen):
     max_chars_per_text: int = Field(
         20_000, ge=1, description="Longer texts get a 413; tokens past max length are truncated."
     )
+    grpc_port: int = Field(
+        8081,
+        ge=0,
+        le=65535,
+        description="Port of the Open Inference Protocol's gRPC service (Ray Serve's gRPC "
+        "ingress, on serve.host); 0 turns it off. Read when Serve starts: a change needs "
+        "a restart.",
+    )
     triton_grpc_url: str = Field("127.0.0.1:8101", description="Triton gRPC address.")
     triton_timeout_s: float = Field(10.0, gt=0, description="Deadline of one Triton call.")
     batch_max_rows: int = Field(

@@ -22,7 +22,6 @@ from infergate import tasks
 from infergate.config import FrontendSettings
 from infergate.errors import InfergateError
 from infergate.http import SlowUploads, answer, error_response, json_response, read_body
-from infergate.observe.metrics import TOTAL
 from infergate.observe.monitor import Monitors
 from infergate.observe.telemetry import Telemetry
 from infergate.protocols import kserve_v2, openai_api, openapi, tei, tei_answers, tei_bodies
@@ -36,13 +35,14 @@ from infergate.protocols.wire import (
     Render,
     check_content_type,
     parse_predict,
+    timing_headers,
 )
 from infergate.serving.access import OPEN, Access, Caller
 from infergate.serving.batching import Backend
 from infergate.serving.inference import InferencePath, Probe
 from infergate.serving.mirror import Mirror
 from infergate.serving.routing import ServedModel
-from infergate.serving.runtime import ModelRuntime, Prediction
+from infergate.serving.runtime import ModelRuntime
 
 
 class Frontend:
@@ -304,7 +304,7 @@ class Frontend:
             assert runtime is not None
             rendered = render(Answer(model, runtime, prediction, parsed))
             response = rendered if isinstance(rendered, Response) else json_response(rendered)
-            response.headers.update(_timing_headers(prediction, call.elapsed_s(), runtime))
+            response.headers.update(timing_headers(prediction, call.elapsed_s(), runtime))
             return response
 
     async def _readyz(self, request: Request) -> Response:
@@ -381,11 +381,3 @@ ROUTES = Routes(
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI document of ``ROUTES``, built once."""
     return openapi.openapi_document(ROUTES)
-
-
-def _timing_headers(prediction: Prediction, total_s: float, runtime: ModelRuntime) -> dict:
-    """The version that answered, and each stage's milliseconds."""
-    headers = {"x-model-version": runtime.served.version, TOTAL.header: f"{total_s * 1e3:.3f}"}
-    for stage, seconds in prediction.timings.stages():
-        headers[stage.header] = f"{seconds * 1e3:.3f}"
-    return headers

@@ -18,7 +18,8 @@ own endpoint.
 
 Protocol: https://github.com/kserve/open-inference-protocol/blob/main/specification/protocol/inference_rest.md
 The request, declared once: ``infergate.protocols.v2_request``; the binary tensor data
-extension: ``infergate.protocols.v2_binary``.
+extension: ``infergate.protocols.v2_binary``; the same protocol over gRPC, which takes its
+metadata, refusals and output tensors from here: ``infergate.protocols.v2_grpc``.
 """
 
 from __future__ import annotations
@@ -100,19 +101,26 @@ def infer_parser(task: str | None, headers: Mapping[str, str]) -> Parse:
     front-end says so before parsing), reading the binary extension's header."""
     header_length = headers.get(HEADER_LENGTH)
     encoding = headers.get("content-encoding")
-    served = None if task is None else tasks.get(task)
-    outputs = () if served is None else served.v2_outputs
+    outputs = () if task is None else tasks.get(task).v2_outputs
 
     def parse(body: bytes, limits: Limits) -> PredictRequest:
-        if served is not None and not served.v2_outputs:
-            raise InvalidInput(
-                f"the V2 protocol serves {' and '.join(OUTPUTS)} models here; this is a "
-                f"{task} model: use POST /v1/models/{{name}}/predict"
-                + (" or /v1/models/{name}/rerank" if served.reranks else "")
-            )
+        if task is not None:
+            refuse_unless_served(task)
         return parse_infer(body, limits, outputs, header_length, encoding)
 
     return parse
+
+
+def refuse_unless_served(task: str) -> None:
+    """Refuse a model whose task's answers are no tensors of this protocol, naming the
+    endpoint that serves it (REST and gRPC alike)."""
+    served = tasks.get(task)
+    if not served.v2_outputs:
+        raise InvalidInput(
+            f"the V2 protocol serves {' and '.join(OUTPUTS)} models here; this is a "
+            f"{task} model: use POST /v1/models/{{name}}/predict"
+            + (" or /v1/models/{name}/rerank" if served.reranks else "")
+        )
 
 
 # -- responses -------------------------------------------------------------------------
@@ -121,7 +129,7 @@ def infer_parser(task: str | None, headers: Mapping[str, str]) -> Parse:
 def render_infer(answer: Answer) -> dict[str, Any] | Response:
     """The infer response: JSON alone, or with binary outputs a JSON header (its length in
     the Inference-Header-Content-Length header) followed by their bytes in order."""
-    tensors = _output_tensors(answer)
+    tensors = output_tensors(answer)
     header: dict[str, Any] = {
         "model_name": answer.model.name,
         "model_version": answer.runtime.served.version,
@@ -151,7 +159,7 @@ def render_infer(answer: Answer) -> dict[str, Any] | Response:
     )
 
 
-def _output_tensors(answer: Answer) -> dict[str, tuple[str, Any]]:
+def output_tensors(answer: Answer) -> dict[str, tuple[str, Any]]:
     """Each output of the answer's task: its datatype and values (an array, or a list of
     strings for BYTES)."""
     prediction = answer.prediction

@@ -98,7 +98,12 @@ class V2InferRequest(BaseModel):
     @classmethod
     def read(cls, header: bytes, context: InferContext) -> V2InferRequest:
         """The request whose JSON is ``header``, or a typed error naming what was wrong."""
-        payload = load_json(header, EXAMPLE)
+        return cls.from_payload(load_json(header, EXAMPLE), context)
+
+    @classmethod
+    def from_payload(cls, payload: Any, context: InferContext) -> V2InferRequest:
+        """The request of a decoded JSON value (or of what the gRPC protocol's message
+        amounts to), or a typed error naming what was wrong."""
         if not isinstance(payload, dict):
             raise InvalidInput(
                 f"expected a JSON object such as {EXAMPLE}, got {json_type(payload)}"
@@ -167,7 +172,11 @@ def parse_infer(
         )
     check_body_size(body, limits)
     header, binary = split(body, header_length)
-    request = V2InferRequest.read(header, InferContext(limits, outputs, binary))
+    return predict_request(V2InferRequest.read(header, InferContext(limits, outputs, binary)))
+
+
+def predict_request(request: V2InferRequest) -> PredictRequest:
+    """What an infer request, checked, asks the inference path for."""
     return PredictRequest(
         texts=request.texts,
         parameters=request.parameters,

@@ -15,6 +15,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
+from infergate.observe.metrics import TOTAL
 from infergate.serving.prompts import PROMPT_NAME
 from infergate.tasks import TASKS
 
@@ -172,9 +173,14 @@ def parse_predict(body: bytes, limits: Limits) -> PredictRequest:
 
 
 def check_body_size(body: bytes, limits: Limits) -> None:
-    if len(body) > limits.max_body_bytes:
+    check_size(len(body), limits)
+
+
+def check_size(size: int, limits: Limits) -> None:
+    """A body (or a gRPC message) of ``size`` bytes within the limit, or a 413."""
+    if size > limits.max_body_bytes:
         raise PayloadTooLarge(
-            f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes} bytes"
+            f"request body is {size} bytes; the limit is {limits.max_body_bytes} bytes"
         )
 
 
@@ -305,3 +311,12 @@ def json_type(value: Any) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__
+
+
+def timing_headers(prediction: Prediction, total_s: float, runtime: ModelRuntime) -> dict[str, str]:
+    """The version that answered, and each stage's milliseconds (response headers, or
+    gRPC trailing metadata)."""
+    headers = {"x-model-version": runtime.served.version, TOTAL.header: f"{total_s * 1e3:.3f}"}
+    for stage, seconds in prediction.timings.stages():
+        headers[stage.header] = f"{seconds * 1e3:.3f}"
+    return headers

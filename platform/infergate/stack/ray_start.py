@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 from infergate.config import ServeSettings
 from infergate.serving.ingress import write_error_pages
@@ -17,6 +18,7 @@ from infergate.stack.processes import descendants, reap
 
 log = logging.getLogger(__name__)
 RAY_START_ATTEMPTS = 3
+GRPC_SERVICER = "tritonclient.grpc.service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server"
 
 # Ray Serve's HAProxy ingress and throughput-optimised mode: on two cores a no-op
 # deployment went from 165 to 2285 req/s at concurrency 32 with these two.
@@ -60,6 +62,17 @@ WORKER_ENV = {
 }
 
 
+def grpc_options(port: int) -> dict[str, Any] | None:
+    """Ray Serve's gRPC ingress for the Open Inference Protocol on ``port`` (0: none).
+    tritonclient ships the protocol's generated modules, so no protoc step: Serve routes
+    ``/inference.GRPCInferenceService/<RPC>`` to the front-end deployment's method named
+    ``<RPC>`` (``infergate.serve_app``); with HAProxy, its gRPC frontend forwards to each
+    replica's own gRPC server (Ray's ``haproxy_templates.py``, ``grpc_frontend``)."""
+    if not port:
+        return None
+    return {"port": port, "grpc_servicer_functions": [GRPC_SERVICER]}
+
+
 def use_fast_ingress(settings: ServeSettings, files: Path | None = None) -> None:
     """Ask the Ray Serve started next in this process for ``FAST_INGRESS_ENV`` (variables
     the caller exported win) and the ingress's ports and limits of ``settings``; with
@@ -81,25 +94,33 @@ def _export_defaults(env: dict[str, str]) -> None:
         os.environ.setdefault(name, value)
 
 
-def start_ray(settings: ServeSettings, keep: set[int], ingress_files: Path | None = None) -> None:
+def start_ray(
+    settings: ServeSettings,
+    keep: set[int],
+    ingress_files: Path | None = None,
+    grpc_port: int = 0,
+) -> None:
     """Start Ray and Ray Serve here, or with ``settings.external`` join the cluster that
     ``RAY_ADDRESS`` names (e.g. ``ray://head:10001``), whose Serve is already running.
 
     The SIGTERM/SIGINT handlers this process had are kept: ``ray.init`` installs C-level
     ones that end the process before Python can stop what it started, orphaning Ray's own
     agents. ``keep`` are pids (our other children) that a failed attempt's clean-up must
-    leave alone; ``ingress_files`` is where HAProxy's files go (see ``use_fast_ingress``).
+    leave alone; ``ingress_files`` is where HAProxy's files go (see ``use_fast_ingress``);
+    ``grpc_port`` (0: none) is where the Open Inference Protocol's gRPC service listens.
     """
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        _start(settings, keep, ingress_files)
+        _start(settings, keep, ingress_files, grpc_port)
     finally:
         for sig, handler in handlers.items():
             if handler is not None:
                 signal.signal(sig, handler)
 
 
-def _start(settings: ServeSettings, keep: set[int], ingress_files: Path | None) -> None:
+def _start(
+    settings: ServeSettings, keep: set[int], ingress_files: Path | None, grpc_port: int
+) -> None:
     import ray
     from ray import serve
 
@@ -131,6 +152,9 @@ def _start(settings: ServeSettings, keep: set[int], ingress_files: Path | None) 
             log.warning("Ray did not start in time (%s); trying again", exc)
             ray.shutdown()
             reap(descendants([os.getpid()]), exclude=keep)
-    serve.start(http_options={"host": settings.host, "port": settings.port})
+    serve.start(
+        http_options={"host": settings.host, "port": settings.port},
+        grpc_options=grpc_options(grpc_port),
+    )
     if settings.fast_ingress and ingress_files is not None:
         write_error_pages(ingress_files)  # before HAProxy's next reload: the app's deploy

@@ -103,6 +103,12 @@ class Stack:
                 c.serve.metrics_export_port,
                 "INFERGATE_SERVE__METRICS_EXPORT_PORT",
             )
+        if c.frontend.grpc_port and not c.serve.external:
+            ports["Ray Serve gRPC"] = (
+                c.serve.host,
+                c.frontend.grpc_port,
+                "INFERGATE_FRONTEND__GRPC_PORT",
+            )
         if c.serve.fast_ingress and not c.serve.external:
             ports["HAProxy stats"] = (
                 "0.0.0.0",
@@ -163,6 +169,7 @@ class Stack:
             self.config.serve,
             keep={child.popen.pid for child in self.children},
             ingress_files=self.ingress_files,
+            grpc_port=self.config.frontend.grpc_port,
         )
         self._serve_started = True
 
@@ -219,6 +226,7 @@ class Stack:
         endpoints = {
             "pid": os.getpid(),
             "inference": inference_address(c.serve),
+            "inference_grpc": grpc_address(c),
             "admin": c.admin.url,
             "mlflow": c.mlflow.uri,
             "triton_grpc": c.triton.grpc_url,
@@ -366,3 +374,12 @@ def inference_address(serve: ServeSettings) -> str:
     if not serve.external:
         return f"http://{serve.host}:{serve.port}"
     return serve.external_url or "the Ray cluster's Serve ingress (set serve.external_url)"
+
+
+def grpc_address(config: StackConfig) -> str:
+    """Where gRPC clients (``tritonclient.grpc``) call the front-end, if anywhere here."""
+    if not config.frontend.grpc_port:
+        return "off (frontend.grpc_port is 0)"
+    if config.serve.external:
+        return "the Ray cluster's Serve gRPC ingress"
+    return f"{config.serve.host}:{config.frontend.grpc_port}"
