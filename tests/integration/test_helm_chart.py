@@ -352,6 +352,24 @@ def test_payload_log_values_reach_the_replicas_as_their_settings():
         assert "envFrom" not in template["spec"]["containers"][0]
 
 
+def test_the_grpc_ingress_serves_the_open_inference_protocol_on_every_ray_pod():
+    from infergate.stack.ray_start import GRPC_SERVICER
+
+    manifests = render("defaults")
+    options = serve_config(manifests)["grpc_options"]
+    assert options == {"port": 9000, "grpc_servicer_functions": [GRPC_SERVICER]}
+    for template in ray_pod_templates(find(manifests, "RayService")):
+        ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+        assert ports["grpc"] == 9000
+    service = next(m for m in manifests if m["metadata"]["name"] == named("grpc"))
+    assert service["spec"]["ports"] == [
+        {"name": "grpc", "port": 9000, "targetPort": "grpc", "appProtocol": "grpc"}
+    ]
+    off = render({"frontend": {"grpcPort": 0}})
+    assert "grpc_options" not in serve_config(off)
+    assert not [m for m in off if m["metadata"]["name"] == named("grpc")]
+
+
 def test_coalescing_settings_reach_the_replicas_capped_at_tritons_batch():
     args = frontend_app(render("defaults"))["args"]
     assert (args["batch_max_rows"], args["batch_max_in_flight"]) == (64, 4)

@@ -13,6 +13,13 @@ proxy_location: EveryNode
 http_options:
   host: 0.0.0.0
   port: {{ include "infergate.servePort" . }}
+{{- if $fe.grpcPort }}
+grpc_options:
+  port: {{ $fe.grpcPort }}
+  # tritonclient's generated servicer: the front-end deployment answers its RPCs.
+  grpc_servicer_functions:
+    - tritonclient.grpc.service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
+{{- end }}
 applications:
   - name: infergate
     import_path: infergate.serve_app:build_app
@@ -91,14 +98,18 @@ Environment of every Ray container.
 {{- end }}
 
 {{/*
-Ports every Ray pod serves: Serve's HTTP ingress (a proxy on every node), Ray's metrics agent
-and HAProxy's metrics. Prometheus finds its targets by these port numbers.
+Ports every Ray pod serves: Serve's HTTP ingress (a proxy on every node), its gRPC ingress,
+Ray's metrics agent and HAProxy's metrics. Prometheus finds its targets by these port numbers.
 */}}
 {{- define "infergate.rayPorts" -}}
 - name: serve
   containerPort: {{ include "infergate.servePort" . }}
 - name: metrics
   containerPort: {{ .Values.ray.metricsExportPort }}
+{{- if .Values.frontend.grpcPort }}
+- name: grpc
+  containerPort: {{ .Values.frontend.grpcPort }}
+{{- end }}
 {{- if .Values.frontend.fastIngress }}
 - name: haproxy-metrics
   containerPort: {{ .Values.frontend.haproxyMetricsPort }}

@@ -46,6 +46,9 @@ so that one is kept short.
 {{- define "infergate.rayServiceName" -}}
 {{- printf "%s-ray" (include "infergate.fullname" . | trunc 36 | trimSuffix "-") }}
 {{- end }}
+{{- define "infergate.grpcName" -}}
+{{- printf "%s-grpc" (include "infergate.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
 {{- define "infergate.rayMetricsName" -}}
 {{- printf "%s-metrics" (include "infergate.rayServiceName" .) }}
 {{- end }}
