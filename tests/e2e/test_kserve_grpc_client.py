@@ -123,3 +123,15 @@ def test_a_bad_request_gets_the_rest_message_as_invalid_argument(client, rest):
     other_task = refusal(lambda: client.infer("ner", [grpc_texts(TEXTS[:1])]))
     assert other_task.status() == "StatusCode.INVALID_ARGUMENT"
     assert "use POST /v1/models/{name}/predict" in other_task.message()
+
+
+def test_a_message_past_the_body_limit_is_refused_before_it_is_read(client, stack):
+    """gRPC refuses it from its length prefix (the replicas' limit is the REST body limit
+    and some framing), as REST refuses a body past ``frontend.max_body_bytes``: 413."""
+    huge = ["a " * 600_000]  # 1.2 MB, past the stack's 1 MiB
+    error = refusal(lambda: client.infer("sentiment", [grpc_texts(huge)]))
+    assert error.status() == "StatusCode.RESOURCE_EXHAUSTED", error.message()
+    print(f"\n1.2 MB over gRPC: {error.message()}")
+    # gRPC's own words (the front-end's size check would say REST's 413 message).
+    assert "larger than max" in error.message().lower(), error.message()
+    assert client.infer("sentiment", [grpc_texts(TEXTS[:1])]).as_numpy("label").size == 1

@@ -94,11 +94,24 @@ def _export_defaults(env: dict[str, str]) -> None:
         os.environ.setdefault(name, value)
 
 
+# What a gRPC message holds beyond a REST body's worth of texts (its tensors' fields).
+GRPC_FRAMING_BYTES = 64 * 1024
+
+
+def grpc_message_limit(max_body_bytes: int) -> int:
+    """The largest gRPC message the replicas read: a REST body's limit and its framing.
+    Ray Serve's gRPC servers take up to 2 GiB by default, all of it read into memory
+    before the front-end's own size check; past this, gRPC refuses a message from its
+    length prefix (RESOURCE_EXHAUSTED), as HTTP stops reading at ``max_body_bytes``."""
+    return max_body_bytes + GRPC_FRAMING_BYTES
+
+
 def start_ray(
     settings: ServeSettings,
     keep: set[int],
     ingress_files: Path | None = None,
     grpc_port: int = 0,
+    grpc_max_message_bytes: int | None = None,
 ) -> None:
     """Start Ray and Ray Serve here, or with ``settings.external`` join the cluster that
     ``RAY_ADDRESS`` names (e.g. ``ray://head:10001``), whose Serve is already running.
@@ -107,8 +120,12 @@ def start_ray(
     ones that end the process before Python can stop what it started, orphaning Ray's own
     agents. ``keep`` are pids (our other children) that a failed attempt's clean-up must
     leave alone; ``ingress_files`` is where HAProxy's files go (see ``use_fast_ingress``);
-    ``grpc_port`` (0: none) is where the Open Inference Protocol's gRPC service listens.
+    ``grpc_port`` (0: none) is where the Open Inference Protocol's gRPC service listens,
+    and ``grpc_max_message_bytes`` the largest message it reads (``grpc_message_limit``;
+    read by Ray's workers at their start).
     """
+    if grpc_max_message_bytes is not None:
+        _export_defaults({"RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": str(grpc_max_message_bytes)})
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         _start(settings, keep, ingress_files, grpc_port)

@@ -33,7 +33,7 @@ from infergate.stack.processes import (
     spawn,
     wait_until,
 )
-from infergate.stack.ray_start import start_ray
+from infergate.stack.ray_start import grpc_message_limit, start_ray
 from infergate.triton.client import TritonControl
 from infergate.triton.fleet import TritonFleet
 from infergate.triton.server import (
@@ -170,6 +170,7 @@ class Stack:
             keep={child.popen.pid for child in self.children},
             ingress_files=self.ingress_files,
             grpc_port=self.config.frontend.grpc_port,
+            grpc_max_message_bytes=grpc_message_limit(self.config.frontend.max_body_bytes),
         )
         self._serve_started = True
 
