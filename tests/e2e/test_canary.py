@@ -511,3 +511,49 @@ def test_clients_latency_with_a_canary_in_shadow_and_without(stack, http, tmp_pa
           f"({p99[0] / p99[1]:.2f}x)")  # fmt: skip
     assert mirrored >= 0.1 * len(shadowing)  # the share really went to the canary
     assert p50[0] <= 1.5 * p50[1] + 2.0, (p50, p99)
+
+
+def test_a_wrong_canary_in_a_weighted_step_is_rolled_back_before_the_steps_end(
+    stack, http, registry, tmp_path
+):
+    """Started at 10 % (a weighted start skips the shadow stage), a canary with its labels
+    swapped is rolled back on the evidence, long before its step (set to 10 minutes) would
+    be judged; the answers of it that reached clients meanwhile are counted."""
+    mlflow = MlflowClient(stack.mlflow)
+    step = "infergate.rollout.policy.step_interval_s"
+    version = new_version(registry, tmp_path, swap_labels=True)
+    champion = aliases(stack)["champion"]
+    answers: list[str] = []
+    done = threading.Event()
+    url = f"/v1/models/{MODEL}/predict"
+
+    def client() -> None:
+        with httpx.Client(base_url=stack.url, timeout=30) as session:
+            while not done.is_set():
+                response = session.post(url, json={"inputs": "a good film"})
+                ok = response.status_code == 200
+                answers.append(response.headers["x-model-version"] if ok else response.text)
+                time.sleep(0.01)
+
+    mlflow.set_registered_model_tag(MODEL, step, "600")
+    threads = [threading.Thread(target=client) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        started = time.monotonic()
+        admin(stack, "start", MODEL, "--version", version, "--weight", "10")
+        wait_for(lambda: "canary" not in aliases(stack), 120, "the rollback", interval_s=0.2)
+        seconds = time.monotonic() - started
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+        mlflow.delete_registered_model_tag(MODEL, step)
+    reason = mlflow.get_model_version(MODEL, version).tags["infergate.rollback_reason"]
+    reached = answers.count(version)
+    print(f"\nlabels swapped at 10 %: rolled back {seconds:.1f} s after its start, {reached} of "
+          f"{len(answers)} client answers were its; {reason}")  # fmt: skip
+    assert set(answers) <= {champion, version}, Counter(answers)
+    assert "output distribution" in reason and "before the step's end" in reason, reason
+    assert seconds < 60 and 0 < reached < 0.2 * len(answers)
