@@ -104,12 +104,17 @@ class ControlPlane:
             model = triton_model_name(version.name, version.version)
             new = model not in self.serving or model in replaced
             if new or model in lacking:
+                loaded = False
                 try:
                     with self.residency_lock:
                         if new:  # a version to be judged is loaded, within the budget
                             self._make_room(model, desired)
-                        self._load(version, model, only=None if new else lacking[model])
-                        self.residency.did_load(model)
+                        # else only if still loaded: ``lacking`` may have looked while it
+                        # was being unloaded (for room, or idle).
+                        if new or model in self.residency.loaded:
+                            self._load(version, model, only=None if new else lacking[model])
+                            self.residency.did_load(model)
+                            loaded = True
                 except Exception as exc:
                     if new and _of_the_place(exc):
                         # Not the version at fault: it waits off the table and the next
@@ -124,7 +129,8 @@ class ControlPlane:
                     log.error("reloading %s into %s failed: %s", model, lacking[model], exc)
                     result.failed[model] = _reason(exc)
                 else:
-                    result.loaded.append(model)
+                    if loaded:
+                        result.loaded.append(model)
             result.served.append(version)
         result.served = _rebalance(result.served)
         new_serving = {triton_model_name(v.name, v.version): v for v in result.served}

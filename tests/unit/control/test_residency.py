@@ -175,3 +175,14 @@ def test_idle_versions_are_unloaded_and_loaded_again_when_asked_for(tmp_path):
     assert plane.triton.ready == {"b__v1"}
     plane.load_on_demand("a__v1")
     assert plane.triton.ready == {"a__v1", "b__v1"}
+
+
+def test_a_version_unloaded_while_a_reconcile_looked_is_not_loaded_back(tmp_path):
+    plane, _ = budgeted(tmp_path, 2, ["a", "b"])
+    plane.reconcile()
+    # The check saw a missing from Triton while it was being unloaded for room; by the
+    # time the reconcile may load, the residency says it is out: it stays out.
+    plane.lacking = lambda: {"a__v1": ["10.0.0.1:8101"]}
+    plane._unload("a__v1", "room")
+    result = plane.reconcile()
+    assert result.loaded == [] and plane.triton.ready == {"b__v1"}
