@@ -261,8 +261,8 @@ class ControlPlane:
             self.residency.used([model])
             if model in self.residency.loaded:
                 return 0.0
-            self._make_room(model, list(self.serving.values()))
             start = time.perf_counter()
+            self._make_room(model, list(self.serving.values()))
             files = self._files.get(model)
             if files is None:
                 self._load(version, model, only=None)
@@ -270,7 +270,7 @@ class ControlPlane:
                 self.fleet.load(files)
             self.residency.did_load(model)
             seconds = time.perf_counter() - start
-        log.info("loaded %s on demand in %.2f s", model, seconds)
+        log.info("loaded %s on demand in %.2f s, making room included", model, seconds)
         self.on_residency(model, "demand", seconds)
         return seconds
 
