@@ -28,6 +28,7 @@ from starlette.requests import Request
 
 from infergate.errors import ModelNotFound, RegistrationError
 from infergate.observe.counters import ShadowCounters
+from infergate.observe.monitor import Monitors
 from infergate.serving.runtime import Prediction, Timings
 from infergate.versions import SPEC_FILE, ServedVersion
 
@@ -129,7 +130,9 @@ class FakeVersion:
     hangs. The front-end's handling around a version is what these tests check; running
     a version is covered with a real model in tests/served_locally.py.
 
-    ``called`` is set once ``predict`` is; ``done`` answers the requests in flight."""
+    ``called`` is set once ``predict`` is; ``done`` answers the requests in flight. With
+    ``calls_backend`` its ``predict`` calls the backend it is given first (no arrays), for
+    the tests of what happens around that call."""
 
     def __init__(
         self,
@@ -138,8 +141,11 @@ class FakeVersion:
         error: Exception | None = None,
         stuck: bool = False,
         in_flight: int = 0,
+        calls_backend: bool = False,
     ) -> None:
         self.served = ServedVersion(name, "1", "text-classification", "src", "champion", 100)
+        self.calls_backend = calls_backend
+        self.triton_model = self.served.triton_model
         self.error, self.stuck, self.in_flight = error, stuck, in_flight
         self.called = asyncio.Event()
 
@@ -153,6 +159,8 @@ class FakeVersion:
                 await asyncio.Event().wait()
             if self.error is not None:
                 raise self.error
+            if self.calls_backend:
+                await backend.infer(self.triton_model, None, None, "logits")  # type: ignore[attr-defined]
         finally:
             self.in_flight -= 1
         outputs = [{"label": "pos", "score": 1.0} for _ in texts]
@@ -344,3 +352,41 @@ class MemoryRegistry:
 
     def load_spec(self, source: str, cache: Path) -> dict[str, Any]:
         return json.loads(self.download(source, SPEC_FILE, cache).read_text())
+
+
+class FakeResidentTriton:
+    """Stands in for Triton with load on demand: ``infer`` on a model not in ``loaded``
+    fails as Triton's NOT_FOUND does (``BackendUnavailable``); ``warm`` is the control
+    plane's side as a replica calls it (``Warmer``'s ``warm``): it counts the calls,
+    waits ``load_s`` and loads the model, or answers ``refuse`` (why not) instead."""
+
+    def __init__(self, *loaded: str, load_s: float = 0.05, refuse: str | None = None) -> None:
+        self.loaded = set(loaded)
+        self.load_s, self.refuse = load_s, refuse
+        self.warmed: list[str] = []
+        self.calls: list[str] = []
+
+    async def infer(self, model: str, *args: object, **kwargs: object) -> np.ndarray:
+        from infergate.errors import BackendUnavailable
+
+        self.calls.append(model)
+        if model not in self.loaded:
+            raise BackendUnavailable("The inference backend cannot serve this model right now")
+        return np.ones((1, 2))
+
+    async def warm(self, model: str, timeout_s: float) -> str | None:
+        self.warmed.append(model)
+        await asyncio.sleep(min(self.load_s, timeout_s))
+        if self.load_s > timeout_s:
+            return "still loading"
+        if self.refuse is None:
+            self.loaded.add(model)
+        return self.refuse
+
+
+class Unmonitored(Monitors):
+    """``Monitors`` that records nothing per version: for tests whose fake versions have
+    no spec or tokenizer (``FakeVersion``) yet answer."""
+
+    def record(self, *args: object, **kwargs: object) -> None:
+        return None

@@ -178,6 +178,20 @@ class BackendUnavailable(InfergateError):
     grpc_code = "UNAVAILABLE"
 
 
+class ColdStartTimeout(BackendUnavailable):
+    """A served version that was not loaded did not load within the cold-start deadline
+    (or could not be loaded now); it is likely ready a moment later."""
+
+    kind = "cold_start"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+
+
 class BackendTimeout(BackendUnavailable):
     """Triton did not answer in time: a retry of the same request will not help."""
 

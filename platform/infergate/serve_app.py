@@ -46,7 +46,7 @@ class FrontendDeployment:
         tokenize_serially()
         log_to_replica_file()
         self._telemetry = RayTelemetry()
-        self._replica = Replica(self._telemetry, connect=TritonBackend)
+        self._replica = Replica(self._telemetry, connect=TritonBackend, warm=self._warm)
         self._state = control_state()
         self._epoch = ""  # of the ControlState actor our table came from
         self._id = serve.get_replica_context().replica_id.unique_id
@@ -74,6 +74,8 @@ class FrontendDeployment:
                     async with replica.applying:
                         if await self._pull_table():
                             self._report()  # the control plane waits for this
+                    if replica.warmer.enabled:
+                        await self._pull_resident()
                     if replica.retry_due():
                         replica.start_retry()
                 except Exception:  # the actor restarting, a registry hiccup: try again
@@ -89,6 +91,18 @@ class FrontendDeployment:
         await self._replica.switch_table(version, served)
         return True
 
+    async def _pull_resident(self) -> None:
+        """Which versions the control plane has loaded in Triton, if that changed."""
+        warmer = self._replica.warmer
+        update = await self._state.get_resident.remote(self._epoch, warmer.resident_version)
+        if update is not None:
+            warmer.set_resident(*update)
+
+    async def _warm(self, model: str, timeout_s: float) -> str | None:
+        """Ask the control plane to load ``model`` into Triton; None once loaded."""
+        reason: str | None = await self._state.warm.remote(model, timeout_s)
+        return reason
+
     async def _report_regularly(self) -> None:
         while True:
             if self._replica.settings is not None:
@@ -102,7 +116,10 @@ class FrontendDeployment:
 
     def _report(self) -> Any:
         """Report to the control plane; awaited, the count of live front-end replicas."""
-        return self._state.report.remote(self._id, self._replica.adopted, self._replica.counters())
+        replica = self._replica
+        return self._state.report.remote(
+            self._id, replica.adopted, replica.counters(), replica.activity()
+        )
 
     async def __call__(self, request: Request) -> Response:
         return await self._replica.handle(request)

@@ -86,7 +86,7 @@ def test_alias_set_in_mlflow_goes_live_through_the_webhook(stack, http, registry
     accepted = [line for line in log if "webhook model_version_alias.created" in line]
     assert live and any(all(f in line for f in fields) for line in accepted)
     # An automatic rollout begins in shadow: served, mirrored, answering no client.
-    shadow = {"version": version, "role": "canary", "weight": 0, "shadow": 0.25}
+    shadow = {"version": version, "role": "canary", "weight": 0, "loaded": True, "shadow": 0.25}
     assert served_versions(http)[version] == shadow
     out = admin(stack, "rollback", MODEL, "--reason", "end of test")
     assert "rolled back: end of test" in out
@@ -137,7 +137,7 @@ def test_manual_split_sticky_keys_pinning_and_promotion(stack, http, registry, t
     admin(stack, "promote", MODEL)
     assert aliases(stack) == {"champion": version}
     assert served_versions(http) == {version: {"version": version, "role": "champion",
-                                               "weight": 100}}  # fmt: skip
+                                               "weight": 100, "loaded": True}}  # fmt: skip
     client = MlflowClient(stack.mlflow)
     assert "infergate.promoted_at" in client.get_model_version(MODEL, version).tags
     assert client.get_model_version(MODEL, champion).tags["infergate.replaced_by"] == version
@@ -264,7 +264,7 @@ def test_a_restart_resumes_the_rollout(stack, http, registry, tmp_path):
     assert up.returncode == 0, up.stderr[-3000:]
     try:
         assert served_versions(http)[version] == {"version": version, "role": "canary",
-                                                  "weight": 40}  # fmt: skip
+                                                  "weight": 40, "loaded": True}  # fmt: skip
         status = admin(stack, "status", MODEL)
         assert "canary    40%" in status and "mode manual" in status
     finally:

@@ -71,10 +71,8 @@ def serve_the_demo_models_alone(stack: Stack) -> None:
         for alias, version in wanted.items():
             if model.aliases.get(alias) != version:
                 client.set_registered_model_alias(model.name, alias, version)
-    demo = [
-        {"name": name, "versions": [{"version": "1", "role": "champion", "weight": 100}]}
-        for name in DEMO_MODELS
-    ]
+    alone = {"version": "1", "role": "champion", "weight": 100, "loaded": True}
+    demo = [{"name": name, "versions": [alone]} for name in DEMO_MODELS]
 
     def served_alone(http: httpx.Client) -> bool:
         listed = http.get("/v1/models").json().get("models", [])

@@ -96,7 +96,7 @@ def test_model_listing(http):
     assert http.get("/v1/models/embed").json() == {
         "name": "embed",
         "task": "feature-extraction",
-        "versions": [{"version": "1", "role": "champion", "weight": 100}],
+        "versions": [{"version": "1", "role": "champion", "weight": 100, "loaded": True}],
     }
 
 

@@ -114,12 +114,35 @@ class TritonSettings(Frozen):
         description="With the onnxruntime backend on GPU instances: let ONNX Runtime hand "
         "the graph to TensorRT (its execution accelerator), in FP16.",
     )
+    max_loaded_versions: int | None = Field(
+        None,
+        ge=0,
+        description="Most served versions loaded in each Triton at once; the others stay "
+        "served and are loaded when a request asks for one, after unloading the least "
+        "recently used. 0 or unset: no limit, every served version stays loaded.",
+    )
+    idle_unload_s: float | None = Field(
+        None,
+        gt=0,
+        description="Unload a served version nobody asked for within this many seconds; "
+        "its next request loads it again. Unset: never.",
+    )
     check_interval_s: float = Field(
         2.0,
         gt=0,
         description="How often the control plane checks that every Triton still has every "
         "served version loaded (one that restarted comes back empty) and loads it again.",
     )
+
+    @property
+    def budget(self) -> int | None:
+        """``max_loaded_versions`` with 0 read as no limit."""
+        return self.max_loaded_versions or None
+
+    @property
+    def loads_on_demand(self) -> bool:
+        """Whether a served version may be out of Triton until asked for."""
+        return self.budget is not None or self.idle_unload_s is not None
 
     @property
     def host(self) -> str:
@@ -272,6 +295,19 @@ class FrontendSettings(Frozen):
         description="Texts per model and replica waiting for a Triton call; past it a request "
         "gets a 429 at once instead of waiting ever longer.",
     )
+    cold_start_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long a request for a served version that is not loaded in Triton "
+        "(triton.max_loaded_versions, triton.idle_unload_s) waits for its load; past it, a "
+        "503 with Retry-After.",
+    )
+    load_on_demand: bool = Field(
+        False,
+        description="Ask the control plane to load a served version Triton does not have "
+        "and wait for it. Set by the stack from triton.max_loaded_versions and "
+        "triton.idle_unload_s.",
+    )
     payloads: PayloadSettings = PayloadSettings()
 
 
@@ -377,6 +413,7 @@ class StackConfig(Frozen):
                 "triton_grpc_url": self.triton.grpc_url,
                 "batch_max_rows": min(self.frontend.batch_max_rows, self.triton.max_batch_size),
                 "tracking_uri": self.mlflow.uri,
+                "load_on_demand": self.triton.loads_on_demand,
                 "artifact_cache_dir": self.state_dir / "artifacts",
                 "payloads": self.frontend.payloads.model_copy(update={"url": self.payload_url}),
             }

@@ -6,6 +6,8 @@
 - ``policy``: the rollout policy, its state machine and the canary analysis (pure).
 - ``shadow``: the shadow stage's sequential tests on mirrored pairs (pure).
 - ``report``: the decision trail an ended rollout leaves on the canary's version.
+- ``residency``: the budget of versions loaded in Triton, its eviction order (pure);
+  ``on_demand`` loads what replicas ask for and unloads idle versions.
 - ``state``: the Ray actor that carries traffic tables to the replicas and their
   counters back.
 - ``admin``: the admin API (canary commands, the MLflow webhook); ``webhooks`` registers

@@ -9,6 +9,13 @@ traffic; a new champion that fails leaves its model on the champion it had. A ne
 version that meets a fault of the place rather than of its files (Triton away, the
 artifact cache's disk full) is held back without being judged, and tried again at every
 check until it loads.
+
+With a budget of loaded versions or idle unloads (``infergate.control.residency``) a
+version that is served need not be loaded: a new version is still loaded once (so a
+version Triton cannot load never gets traffic), after the least recently used ones made
+room, and may be unloaded later; ``load_on_demand`` loads it again when a request asks.
+Triton's loads and unloads, and the residency's record of them, happen under
+``residency_lock``, never under a reconcile's wait for the replicas.
 """
 
 from __future__ import annotations
@@ -16,16 +23,19 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infergate import tasks
-from infergate.errors import BackendUnavailable, InfergateError, RegistrationError
+from infergate.control.residency import Residency, protected
+from infergate.errors import BackendUnavailable, InfergateError, ModelNotFound, RegistrationError
 from infergate.registry import Registry
 from infergate.serving.loader import load_version
 from infergate.triton.fleet import TritonFleet
-from infergate.triton.repository import model_files, translation_files
+from infergate.triton.repository import ModelFiles, model_files, translation_files
 from infergate.versions import (
     CHAMPION,
     CT2_DIR,
@@ -56,7 +66,13 @@ class ControlPlane:
         deploy: Callable[[list[ServedVersion]], None],
         desired: Callable[[], list[ServedVersion]],
         on_load_failure: Callable[[ServedVersion, str], None] = lambda version, reason: None,
+        residency: Residency | None = None,
+        on_residency: Callable[[str, str, float], None] = lambda model, event, seconds: None,
     ) -> None:
+        """``residency``: the budget of loaded versions (none by default: every served
+        version stays loaded); ``on_residency(model, event, seconds)`` hears of each
+        ``"demand"`` load (with its seconds) and each ``"room"`` or ``"idle"`` unload,
+        for the metrics."""
         self.registry = registry
         self.desired = desired
         self.on_load_failure = on_load_failure
@@ -66,10 +82,15 @@ class ControlPlane:
         self.serving: dict[str, ServedVersion] = {}
         self.held_back: set[str] = set()  # new versions waiting on Triton or the disk
         self._deployed = False
+        self.residency = residency or Residency(clock=time.monotonic)
+        self.on_residency = on_residency
+        self.residency_lock = threading.RLock()
+        self.busy: set[str] = set()  # Triton models with requests in flight at a replica
+        self._files: dict[str, ModelFiles] = {}  # what reloads a version unloaded
 
     def lacking(self) -> dict[str, list[str]]:
-        """Served versions some Triton has not ready, with those Tritons (by address)."""
-        return self.fleet.missing(self.serving)
+        """Loaded versions some Triton has not ready, with those Tritons (by address)."""
+        return self.fleet.missing(m for m in self.serving if m in self.residency.loaded)
 
     def reconcile(self) -> ReconcileResult:
         result = ReconcileResult()
@@ -83,8 +104,17 @@ class ControlPlane:
             model = triton_model_name(version.name, version.version)
             new = model not in self.serving or model in replaced
             if new or model in lacking:
+                loaded = False
                 try:
-                    self._load(version, model, only=None if new else lacking[model])
+                    with self.residency_lock:
+                        if new:  # a version to be judged is loaded, within the budget
+                            self._make_room(model, desired)
+                        # else only if still loaded: ``lacking`` may have looked while it
+                        # was being unloaded (for room, or idle).
+                        if new or model in self.residency.loaded:
+                            self._load(version, model, only=None if new else lacking[model])
+                            self.residency.did_load(model)
+                            loaded = True
                 except Exception as exc:
                     if new and _of_the_place(exc):
                         # Not the version at fault: it waits off the table and the next
@@ -99,17 +129,21 @@ class ControlPlane:
                     log.error("reloading %s into %s failed: %s", model, lacking[model], exc)
                     result.failed[model] = _reason(exc)
                 else:
-                    result.loaded.append(model)
+                    if loaded:
+                        result.loaded.append(model)
             result.served.append(version)
         result.served = _rebalance(result.served)
         new_serving = {triton_model_name(v.name, v.version): v for v in result.served}
         if new_serving != self.serving or not self._deployed:
             self.deploy(result.served)
             self._deployed = True
-        for model in sorted(set(self.serving) - set(new_serving)):
-            self.fleet.unload(model)
-            result.unloaded.append(model)
-        self.serving = new_serving
+        with self.residency_lock:
+            for model in sorted(set(self.serving) - set(new_serving)):
+                self.fleet.unload(model)
+                self.residency.forget(model)
+                self._files.pop(model, None)
+                result.unloaded.append(model)
+            self.serving = new_serving
         self.held_back = set(result.held_back)
         return result
 
@@ -194,6 +228,7 @@ class ControlPlane:
                 max_decoding_length=spec.max_decoding_length,
                 settings=self.fleet.model_settings(),
             )  # fmt: skip
+            self._files[model] = files
             self.fleet.load(files, only=only)
             return
         onnx_path = self.registry.download(version.source, ONNX_FILE, cache)
@@ -204,7 +239,65 @@ class ControlPlane:
             output_dim=spec.output_dim,
             settings=self.fleet.model_settings(),
         )
+        self._files[model] = files
         self.fleet.load(files, only=only)
+
+    # -- load on demand ------------------------------------------------------------------
+
+    def load_on_demand(self, model: str) -> float:
+        """Load served Triton model ``model`` for a request that asked for it, after
+        unloading the least recently used versions to make room; the seconds its load
+        took (0 when it was loaded already).
+
+        Raises:
+            NoRoom: every version that would have to go is busy or protected.
+            ModelNotFound: ``model`` is not served (any more).
+            InfergateError: Triton could not load it.
+        """
+        with self.residency_lock:
+            version = self.serving.get(model)
+            if version is None:
+                raise ModelNotFound(f"{model} is not served")
+            self.residency.used([model])
+            if model in self.residency.loaded:
+                return 0.0
+            start = time.perf_counter()
+            self._make_room(model, list(self.serving.values()))
+            files = self._files.get(model)
+            if files is None:
+                self._load(version, model, only=None)
+            else:
+                self.fleet.load(files)
+            self.residency.did_load(model)
+            seconds = time.perf_counter() - start
+        log.info("loaded %s on demand in %.2f s, making room included", model, seconds)
+        self.on_residency(model, "demand", seconds)
+        return seconds
+
+    def note_usage(self, ages: dict[str, float], busy: set[str]) -> None:
+        """What the replicas reported: seconds since each model was used, and the
+        models with requests in flight."""
+        self.residency.seen(ages)
+        self.busy = busy
+
+    def unload_idle(self) -> list[str]:
+        """Unload the versions unused for ``triton.idle_unload_s``; those unloaded."""
+        with self.residency_lock:
+            idle = self.residency.idle(busy=self.busy, protected=protected(self.serving.values()))
+            for model in idle:
+                self._unload(model, "idle")
+        return idle
+
+    def _make_room(self, model: str, served: list[ServedVersion]) -> None:
+        guarded = protected([*served, *self.serving.values()])
+        for victim in self.residency.make_room(model, busy=self.busy, protected=guarded):
+            self._unload(victim, "room")
+
+    def _unload(self, model: str, why: str) -> None:
+        log.info("unloading %s from Triton (%s)", model, why)
+        self.fleet.unload(model)
+        self.residency.did_unload(model)
+        self.on_residency(model, why, 0.0)
 
 
 def _rebalance(served: list[ServedVersion]) -> list[ServedVersion]:

@@ -20,7 +20,9 @@ from typing import Any
 
 from infergate.config import StackConfig
 from infergate.control.admin import AdminApi, AdminServer, check_exposure
+from infergate.control.on_demand import OnDemandLoader
 from infergate.control.reconcile import ControlPlane
+from infergate.control.residency import Residency
 from infergate.control.rollouts import Rollouts
 from infergate.control.webhooks import register_webhook
 from infergate.control.windows import StepWindows
@@ -78,8 +80,10 @@ class ControlService:
             deploy=self._deploy,
             desired=self.rollouts.desired,
             on_load_failure=self._load_failed,
+            residency=Residency(config.triton.budget, config.triton.idle_unload_s, clock),
         )
         self.admin: AdminServer | None = None
+        self.on_demand: OnDemandLoader | None = None
         now = clock()
         self._next_reconcile = now + config.reconcile_interval_s
         self._next_analysis = now + config.admin.analysis_interval_s
@@ -108,10 +112,17 @@ class ControlService:
         )
         self.admin = AdminServer(api.app, a.host, a.port)
         self.admin.start()
+        if self.config.triton.loads_on_demand:
+            self.on_demand = OnDemandLoader(self.plane, self._state)
+            self.plane.on_residency = self.on_demand.on_residency
+            self.on_demand.start()
         if a.webhooks:
             register_webhook(self.registry, f"{a.url}/admin/webhooks/mlflow", secret)
 
     def stop(self) -> None:
+        if self.on_demand is not None:
+            self.on_demand.stop()
+            self.on_demand = None
         if self.admin is not None:
             self.admin.stop()
             self.admin = None

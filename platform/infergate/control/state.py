@@ -16,10 +16,20 @@ change (``ControlService.run_due``), and replicas take the first table of a new 
 whatever its number. Their counters are cumulative, so the first report of each replica
 after a restart gives the canary analysis everything back. The control plane creates
 the actor on its own node (soft affinity: elsewhere if that node is gone).
+
+Loading on demand (``infergate.control.residency``) meets here too. A replica that needs
+a version Triton does not have calls ``warm``, which waits until the control plane,
+pulling ``demands``, has loaded it and said so with ``settle``: one load however many
+replicas and requests wait. The control plane publishes which versions are loaded
+(``set_resident``; replicas pull ``resident`` with the table), and replicas report which
+versions they used and which have requests in flight (``report``'s ``activity``), which
+``usage`` hands the control plane for its least-recently-used order. A restart loses
+the waiting calls; Ray retries them on the new actor, whose demands start empty.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -30,7 +40,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 # The name carries the actor's protocol (its methods and what they return): a cluster kept
 # running through an upgrade gets a new actor beside the old one's leftovers instead of
 # calling an actor of the previous release with this release's methods.
-PROTOCOL = 2  # 2: epochs (table(epoch, known), publish returns (epoch, version))
+PROTOCOL = 3  # 2: epochs (table(epoch, known), publish returns (epoch, version)); 3: warm
 STATE_ACTOR = f"infergate-control-v{PROTOCOL}"
 STATE_NAMESPACE = "infergate"
 REPLICA_SILENT_AFTER_S = 10.0  # a replica not heard from for this long is gone
@@ -48,6 +58,13 @@ class ControlState:
         self.version = 0
         self.served: list[dict[str, Any]] = []
         self.reports: dict[str, tuple[float, int, dict[str, dict]]] = {}
+        # Load on demand: what replicas wait for, what the control plane has not taken yet.
+        self._waiting: dict[str, asyncio.Future[str | None]] = {}
+        self._demanded: dict[str, None] = {}  # in order of arrival
+        self._demand = asyncio.Event()
+        self.resident: tuple[int, list[str]] = (0, [])
+        self._last_used: dict[str, float] = {}
+        self._busy: dict[str, tuple[float, set[str]]] = {}  # by replica
 
     def current_epoch(self) -> str:
         return self.epoch
@@ -64,11 +81,22 @@ class ControlState:
         newer = self.version > known if epoch == self.epoch else self.version > 0
         return (self.epoch, self.version, self.served) if newer else None
 
-    def report(self, replica: str, table_version: int, counters: dict[str, dict]) -> int:
-        """Take a replica's report; the replicas heard from lately (they share each API
-        key's rate limit)."""
+    def report(
+        self,
+        replica: str,
+        table_version: int,
+        counters: dict[str, dict],
+        activity: dict[str, int] | None = None,
+    ) -> int:
+        """Take a replica's report (``activity``: the Triton models it used since its
+        last report, with their requests in flight); the replicas heard from lately (they
+        share each API key's rate limit)."""
         now = time.monotonic()
         self.reports[replica] = (now, table_version, counters)
+        if activity is not None:
+            for model in activity:
+                self._last_used[model] = now
+            self._busy[replica] = (now, {m for m, n in activity.items() if n > 0})
         return sum(now - seen < REPLICA_SILENT_AFTER_S for seen, _, _ in self.reports.values())
 
     def snapshot(self) -> list[dict[str, dict]]:
@@ -79,6 +107,64 @@ class ControlState:
         now = time.monotonic()
         live = [v for seen, v, _ in self.reports.values() if now - seen < REPLICA_SILENT_AFTER_S]
         return all(v >= version for v in live)
+
+    # -- load on demand -------------------------------------------------------------------
+
+    async def warm(self, model: str, timeout_s: float) -> str | None:
+        """Wait until the control plane loaded Triton model ``model`` (None), said why it
+        cannot (the reason), or ``timeout_s`` passed ("still loading")."""
+        self._last_used[model] = time.monotonic()
+        waiting = self._waiting.get(model)
+        if waiting is None:
+            waiting = self._waiting[model] = asyncio.get_running_loop().create_future()
+            self._demanded[model] = None
+            self._demand.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), timeout_s)
+        except asyncio.TimeoutError:
+            return "still loading"
+
+    async def demands(self, wait_s: float) -> list[str]:
+        """The Triton models replicas asked for since the last call, once there is one
+        or ``wait_s`` passed (the control plane's loop pulls this)."""
+        if not self._demanded:
+            self._demand.clear()
+            try:
+                await asyncio.wait_for(self._demand.wait(), wait_s)
+            except asyncio.TimeoutError:
+                return []
+        demanded, self._demanded = list(self._demanded), {}
+        return demanded
+
+    def settle(self, model: str, reason: str | None) -> None:
+        """``model`` is loaded (``reason`` None), or cannot be now: answer who waits."""
+        waiting = self._waiting.pop(model, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(reason)
+
+    def set_resident(self, models: list[str]) -> None:
+        """The versions loaded in Triton now, by Triton model name."""
+        self.resident = (self.resident[0] + 1, sorted(models))
+
+    def get_resident(self, epoch: str, known: int) -> tuple[int, list[str]] | None:
+        """The loaded versions if newer than version ``known`` of ``epoch`` (or of any
+        other epoch, once set in this one); None otherwise."""
+        version = self.resident[0]
+        newer = version > known if epoch == self.epoch else version > 0
+        return self.resident if newer else None
+
+    def usage(self) -> tuple[dict[str, float], list[str]]:
+        """Seconds since each Triton model was last used, and those with requests in
+        flight at a live replica's last report."""
+        now = time.monotonic()
+        ages = {model: now - used for model, used in self._last_used.items()}
+        busy = {
+            m
+            for seen, models in self._busy.values()
+            if now - seen < REPLICA_SILENT_AFTER_S
+            for m in models
+        }
+        return ages, sorted(busy)
 
 
 def control_state() -> ray.actor.ActorHandle:

@@ -4,7 +4,16 @@ metrics (names in :data:`infergate.dashboards.promql.EXTERNAL_METRICS`)."""
 from __future__ import annotations
 
 from infergate.dashboards.builders import Dashboard, Panel, Query, Row, Threshold, Variable
-from infergate.dashboards.promql import SERVE_APP, TRITON_MODEL, rate, ratio, selector, sum_by
+from infergate.dashboards.promql import (
+    SERVE_APP,
+    TRITON_MODEL,
+    quantile,
+    rate,
+    ratio,
+    selector,
+    sum_by,
+)
+from infergate.observe import metrics as m
 
 HTTP_FRONTEND = ('proxy="http_frontend"',)  # the HAProxy frontend Ray Serve configures
 
@@ -76,6 +85,48 @@ def _triton() -> Row:
                 "Pending requests",
                 (_per_model(selector("nv_inference_pending_request_count", *TRITON_MODEL)),),
                 description="Requests received and not yet executing: queueing in Triton.",
+            ),
+        ),
+    )
+
+
+def _load_on_demand() -> Row:
+    """Versions loaded in Triton under a budget (docs/many-models.md); empty without one."""
+    return Row(
+        "Load on demand",
+        (
+            Panel(
+                "Loaded versions",
+                (Query(f"max({selector(m.LOADED_VERSIONS.full_name)})", "loaded"),),
+                width=6,
+                description="Served versions loaded in each Triton now; at most "
+                "triton.max_loaded_versions.",
+            ),
+            Panel(
+                "Cold starts per second",
+                (Query(sum_by("model", rate(m.COLD_STARTS.full_name)), "{{model}}"),),
+                unit="reqps",
+                width=6,
+                description="Loads of a version a request asked for.",
+            ),
+            Panel(
+                "Load on demand, p50 / p99",
+                (
+                    Query(quantile(0.5, m.LOAD_DURATION, "model"), "{{model}} p50"),
+                    Query(quantile(0.99, m.LOAD_DURATION, "model"), "{{model}} p99"),
+                ),
+                unit="s",
+                width=6,
+                description="Seconds from a request's demand to the version ready, making "
+                "room included.",
+            ),
+            Panel(
+                "Unloads per second",
+                (Query(sum_by("reason", rate(m.EVICTIONS.full_name)), "{{reason}}"),),
+                unit="reqps",
+                width=6,
+                description="room: the least recently used, for a version asked for; idle: "
+                "after triton.idle_unload_s.",
             ),
         ),
     )
@@ -171,6 +222,6 @@ def backend(variables: tuple[Variable, ...]) -> Dashboard:
         "infergate / Backend",
         "Triton queue and compute time per request, batch sizes, Ray Serve replicas and "
         "ongoing requests, HAProxy ingress.",
-        (_triton(), _ray_serve(), _ingress()),
+        (_triton(), _load_on_demand(), _ray_serve(), _ingress()),
         variables,
     )

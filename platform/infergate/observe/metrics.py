@@ -54,6 +54,8 @@ TOKENIZE = Stage("tokenize", "x-tokenization-time", "tokenizing")
 INFERENCE = Stage("inference", "x-inference-time", "in the Triton call")
 POSTPROCESS = Stage("postprocess", "x-postprocess-time", "post-processing")
 STAGES = (TOTAL, TOKENIZE, INFERENCE, POSTPROCESS)
+# Seconds a request waited for its version to be loaded into Triton (load on demand).
+COLD_START_HEADER = "x-cold-start"
 
 Kind = Literal["counter", "histogram", "gauge"]
 
@@ -200,6 +202,33 @@ PAYLOAD_RECORDS = Metric(
     ("outcome",),
 )  # fmt: skip
 
+# Load on demand (infergate.control.residency): recorded by the control plane.
+LOAD_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0)
+COLD_STARTS = Metric(
+    "cold_starts_total",
+    "counter",
+    "Loads into Triton of a served version a request asked for (load on demand).",
+    MV,
+)
+LOAD_DURATION = Metric(
+    "model_load_seconds",
+    "histogram",
+    "Seconds a load on demand took, eviction of what made room included.",
+    MV,
+    LOAD_BUCKETS_S,
+)
+EVICTIONS = Metric(
+    "model_unloads_total",
+    "counter",
+    "Served versions unloaded from Triton: 'room' for a version asked for (the least recently "
+    "used first), 'idle' after triton.idle_unload_s.",
+    ("reason",),
+)
+LOADED_VERSIONS = Metric(
+    "loaded_versions", "gauge", "Served versions loaded in each Triton now.", ()
+)  # fmt: skip
+RESIDENCY = (COLD_STARTS, LOAD_DURATION, EVICTIONS, LOADED_VERSIONS)
+
 # What the front-end replicas record; the control plane counts the rollout decisions.
 FRONTEND = (
     REQUESTS,
@@ -226,4 +255,4 @@ FRONTEND = (
     SHADOW_REQUESTS,
     PAYLOAD_RECORDS,
 )
-ALL = (*FRONTEND, ROLLOUT_DECISIONS, SHADOW_TESTS)
+ALL = (*FRONTEND, ROLLOUT_DECISIONS, SHADOW_TESTS, *RESIDENCY)

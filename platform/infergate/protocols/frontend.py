@@ -43,6 +43,7 @@ from infergate.serving.inference import InferencePath, Probe
 from infergate.serving.mirror import Mirror
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import ModelRuntime
+from infergate.serving.warming import Warmer
 
 
 class Frontend:
@@ -59,6 +60,7 @@ class Frontend:
         has_table: bool = True,
         loading: frozenset[str] = frozenset(),
         missing: tuple[str, ...] = (),
+        warmer: Warmer | None = None,
         access: Access | None = None,
         uploads: SlowUploads | None = None,
         mirror: Mirror | None = None,
@@ -71,7 +73,7 @@ class Frontend:
         self.path = InferencePath(
             backend, models, access=access, telemetry=telemetry, monitors=monitors,
             readiness_probe=readiness_probe, has_table=has_table, loading=loading,
-            missing=missing, mirror=mirror,
+            missing=missing, mirror=mirror, warmer=warmer,
         )  # fmt: skip
         self.models = self.path.models
         self.monitors = self.path.monitors
@@ -210,10 +212,14 @@ class Frontend:
         return json_response(openai_api.model_entry(self.model_for(request, model)))
 
     async def _describe(self, request: Request, name: str) -> Response:
-        return json_response(self.model_for(request, name).describe())
+        return json_response(self.model_for(request, name).describe(self._is_loaded))
 
     async def _list(self, request: Request) -> Response:
-        return json_response({"models": [m.describe() for m in self.visible(request)]})
+        models = [m.describe(self._is_loaded) for m in self.visible(request)]
+        return json_response({"models": models})
+
+    def _is_loaded(self, triton_model: str) -> bool:
+        return self.path.warmer.is_loaded(triton_model)
 
     async def _healthz(self, request: Request) -> Response:
         return json_response({"status": "ok"})

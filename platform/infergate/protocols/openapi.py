@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from infergate import __version__
-from infergate.observe.metrics import STAGES
+from infergate.observe.metrics import COLD_START_HEADER, STAGES
 from infergate.protocols import schemas
 from infergate.protocols.openai_api import EmbeddingsBody
 from infergate.protocols.rerank import RerankBody, TeiRerankBody
@@ -73,6 +73,8 @@ TIMING_HEADERS = {
     for name, text in {
         "x-model-version": "The model version that answered.",
         **{stage.header: f"Milliseconds spent {stage.spent}." for stage in STAGES},
+        COLD_START_HEADER: "Seconds this request waited for its version to be loaded into "
+        "Triton (load on demand); only on such an answer.",
     }.items()
 }
 ERRORS = {

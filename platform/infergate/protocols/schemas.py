@@ -72,6 +72,10 @@ class VersionInfo(BaseModel):
     version: str
     role: str = Field(description="champion or canary")
     weight: int = Field(description="Share of traffic in percent.")
+    loaded: bool = Field(
+        description="Whether the version is loaded in Triton now; one that is not is loaded "
+        "by its next request (triton.max_loaded_versions, triton.idle_unload_s)."
+    )
 
 
 class ModelInfo(BaseModel):

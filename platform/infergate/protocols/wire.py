@@ -15,7 +15,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from infergate.errors import InvalidInput, MalformedBody, PayloadTooLarge, UnsupportedMediaType
-from infergate.observe.metrics import TOTAL
+from infergate.observe.metrics import COLD_START_HEADER, TOTAL
 from infergate.serving.prompts import PROMPT_NAME
 from infergate.tasks import TASKS
 
@@ -319,4 +319,6 @@ def timing_headers(prediction: Prediction, total_s: float, runtime: ModelRuntime
     headers = {"x-model-version": runtime.served.version, TOTAL.header: f"{total_s * 1e3:.3f}"}
     for stage, seconds in prediction.timings.stages():
         headers[stage.header] = f"{seconds * 1e3:.3f}"
+    if prediction.cold_start_s:  # its version was loaded for it (load on demand)
+        headers[COLD_START_HEADER] = f"{prediction.cold_start_s:.3f}"
     return headers

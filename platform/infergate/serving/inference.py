@@ -13,11 +13,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
 from infergate.errors import (
+    BackendTimeout,
     BackendUnavailable,
     ClientClosedRequest,
     Forbidden,
@@ -34,6 +35,7 @@ from infergate.serving.batching import Backend
 from infergate.serving.mirror import Mirror
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import ModelRuntime, Prediction
+from infergate.serving.warming import Warmer
 
 log = logging.getLogger(__name__)
 READINESS_CACHE_S = 1.0
@@ -103,8 +105,10 @@ class InferencePath:
         has_table: bool = True,
         loading: frozenset[str] = frozenset(),
         missing: tuple[str, ...] = (),
+        warmer: Warmer | None = None,
     ) -> None:
         self.backend = backend
+        self.warmer = warmer or Warmer()
         self.models = models
         self.access = access or Access(None)
         self.telemetry = telemetry or NullTelemetry()
@@ -181,13 +185,38 @@ class InferencePath:
         call.runtime = model.pick(routing_key, pinned)
         if check is not None:
             check(call.runtime)
-        call.prediction = await call.runtime.predict(texts, parameters, self.backend)
+        call.prediction = await self._predict(call.runtime, texts, parameters)
         if pinned is None:
             self.mirror.offer(
                 model, call.prediction, call.runtime, texts, parameters, self.backend,
                 key_id=call.caller.id,
             )  # fmt: skip
         return call.prediction
+
+    async def _predict(
+        self, runtime: ModelRuntime, texts: list[str], parameters: dict[str, Any]
+    ) -> Prediction:
+        """Run ``runtime``; one that is not loaded in Triton (load on demand) is loaded
+        first, or again when Triton turned out not to have it (unloaded meanwhile), and
+        the answer says how long that took."""
+        warmer = self.warmer
+        if not warmer.enabled:
+            return await runtime.predict(texts, parameters, self.backend)
+        model = runtime.triton_model
+        warmer.use(model)
+        cold_s = 0.0
+        if not warmer.is_loaded(model):
+            cold_s = await warmer.load(model)
+        try:
+            prediction = await runtime.predict(texts, parameters, self.backend)
+        except BackendTimeout:
+            raise
+        except BackendUnavailable:
+            # Unloaded between the control plane's word and this call (idle, or evicted
+            # while this request was on its way): load it again, once.
+            cold_s += await warmer.load(model)
+            prediction = await runtime.predict(texts, parameters, self.backend)
+        return replace(prediction, cold_start_s=cold_s) if cold_s else prediction
 
     def record(self, call: Call, status: int) -> None:
         """What every call leaves behind: its metrics, the key's, (for a call a version
@@ -227,12 +256,17 @@ class InferencePath:
         runtimes = [r for m in self.models.values() for r in m.versions]
         if not runtimes:
             raise BackendUnavailable("no model is served yet")
+        # Versions out of Triton until asked for are served but not probed: ready means
+        # every version that is loaded answers.
+        runtimes = [r for r in runtimes if self.warmer.is_loaded(r.triton_model)]
         if self.missing:
             raise BackendUnavailable(f"not ready: not loaded yet: {', '.join(self.missing)}")
         now = time.monotonic()
         if now - self._ready_at > READINESS_CACHE_S:
             answers = await asyncio.gather(*(self._probe(r) for r in runtimes))
             failing = [r.triton_model for r, ok in zip(runtimes, answers, strict=True) if not ok]
+            if failing and self.warmer.enabled:  # unloaded since the last word: not failing
+                failing = [m for m in failing if self.warmer.is_loaded(m)]
             if failing:
                 raise BackendUnavailable(f"not ready: {', '.join(failing)}")
             self._ready_at = now

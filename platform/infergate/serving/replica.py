@@ -38,6 +38,7 @@ from infergate.serving.mirror import Mirror
 from infergate.serving.redaction import Redactor
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import Counted, ModelRuntime, drain
+from infergate.serving.warming import Warm, Warmer
 from infergate.versions import (
     CHAMPION,
     ServedVersion,
@@ -68,7 +69,8 @@ Loader = Callable[[ServedVersion, "Registry", Path], ModelRuntime]
 class Replica:
     """One replica's routing state. ``connect(url, timeout_s)`` opens the Triton client
     (a ``Backend`` with ``url``, ``timeout_s`` and ``close()``); ``load`` reads a version's
-    files; ``clock`` times the retries."""
+    files; ``clock`` times the retries; ``warm`` asks the control plane to load a version
+    (``Warmer``), used once the settings turn load on demand on."""
 
     def __init__(
         self,
@@ -77,8 +79,11 @@ class Replica:
         connect: Callable[[str, float], TritonChannel],
         load: Loader = load_version,
         clock: Callable[[], float] = time.monotonic,
+        warm: Warm | None = None,
     ) -> None:
         self.telemetry = telemetry
+        self._warm = warm
+        self.warmer = Warmer()  # versions loaded on demand: across tables
         self.monitors = Monitors(telemetry)
         self.payloads = PayloadLog(FrontendSettings().payloads)  # off until configured
         # Shadow traffic, across tables; its records go to the same payload log.
@@ -114,6 +119,12 @@ class Replica:
         ):
             self.access = Access(settings.api_keys_file, burst_s=settings.rate_limit_burst_s)
         self.uploads.limit = settings.max_slow_uploads
+        warm = self._warm if settings.load_on_demand else None
+        if (warm is not None, settings.cold_start_timeout_s) != (
+            self.warmer.enabled,
+            self.warmer.timeout_s,
+        ):
+            self.warmer = Warmer(warm, settings.cold_start_timeout_s)
         if settings.payloads != self.payloads.settings:
             self.payloads.close()  # its thread writes what it holds, then ends
             self.payloads = self.mirror.payloads = open_payload_log(
@@ -256,7 +267,7 @@ class Replica:
             self.settings, self.backend, models, telemetry=self.telemetry,
             monitors=self.monitors, has_table=table_version > 0, loading=frozenset(loading),
             missing=tuple(f"{name} v{version}" for name, version in sorted(failed)),
-            access=self.access, uploads=self.uploads, mirror=self.mirror,
+            access=self.access, uploads=self.uploads, mirror=self.mirror, warmer=self.warmer,
         )  # fmt: skip
         self.loaded, self.served, self.table_version = runtimes, served, table_version
         self.unloadable, self._retried_at = failed, self._clock()
@@ -295,6 +306,18 @@ class Replica:
         if self.frontend is None:
             return error_response(BackendUnavailable("the front-end is still starting"))
         return await self.frontend.handle(request)
+
+    def activity(self) -> dict[str, int]:
+        """The Triton models this replica used since the last call, with the requests
+        each has in flight now: the control plane's least-recently-used order, and the
+        versions it must not unload."""
+        in_flight: dict[str, int] = {}
+        for runtime in self.loaded.values():
+            if runtime.in_flight:
+                in_flight[runtime.triton_model] = runtime.in_flight
+        for model in self.warmer.take_used():
+            in_flight.setdefault(model, 0)
+        return in_flight
 
     def counters(self) -> dict[str, dict]:
         """Per-version request counters, for the control plane's canary analysis."""

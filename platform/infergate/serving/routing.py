@@ -61,19 +61,22 @@ class ServedModel:
         """The canary in shadow, if there is one: it answers mirrored requests only."""
         return next((v for v in self.versions if v.served.shadow is not None), None)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, loaded: Callable[[str], bool] = lambda model: True) -> dict[str, Any]:
+        """The model as ``/v1/models`` lists it; ``loaded`` tells whether a version's
+        Triton model is loaded now (with load on demand, the others load when asked for)."""
         return {
             "name": self.name,
             "task": self.task,
-            "versions": [_described(v.served) for v in self.versions],
+            "versions": [_described(v.served, loaded(v.triton_model)) for v in self.versions],
         }
 
 
-def _described(served: ServedVersion) -> dict[str, Any]:
+def _described(served: ServedVersion, loaded: bool) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "version": served.version,
         "role": served.role,
         "weight": served.weight,
+        "loaded": loaded,
     }
     if served.shadow is not None:  # answers mirrored requests only
         entry["shadow"] = served.shadow.share

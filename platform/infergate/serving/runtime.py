@@ -50,6 +50,7 @@ class Prediction:
     labels: list[str]  # the model's labels (classes, token labels), [] for others
     figures: Figures | None = None  # per-text figures of ``raw``, for metrics and drift
     task: str = ""  # the task's name; "" (hand-made in tests): told by ``labels``
+    cold_start_s: float = 0.0  # waited for the version to be loaded into Triton first
 
 
 class ModelRuntime:

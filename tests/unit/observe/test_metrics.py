@@ -28,9 +28,10 @@ def test_latency_buckets_are_fine_between_1ms_and_1s():
 
 def test_counters_end_in_total_and_labels_are_bounded():
     # entity: the entity types of a token classifier, as bounded as its labels; outcome
-    # and test: the shadow stage's four outcomes and two tests.
+    # and test: the shadow stage's four outcomes and two tests; reason: why a version was
+    # unloaded (room or idle).
     allowed = {"model", "version", "stage", "status", "class", "feature", "method", "role",
-               "decision", "key", "entity", "outcome", "test"}  # fmt: skip
+               "decision", "key", "entity", "outcome", "test", "reason"}  # fmt: skip
     for metric in m.ALL:
         assert (metric.kind == "counter") == metric.full_name.endswith("_total")
         assert set(metric.labels) <= allowed

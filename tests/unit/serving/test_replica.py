@@ -42,6 +42,7 @@ class Runtime:
 
     def __init__(self, served: ServedVersion) -> None:
         self.served = served
+        self.triton_model = served.triton_model
         self.spec = SimpleNamespace(task=served.task)
         self.in_flight = 0
 
@@ -227,3 +228,28 @@ def test_the_payload_log_outlives_tables_and_is_replaced_with_its_settings(tmp_p
     assert not replica.payloads.enabled and replica.frontend.path.payloads is replica.payloads
     first.close(timeout_s=5)  # already closed by the switch: its thread has ended
     assert first._thread is not None and not first._thread.is_alive()
+
+
+def test_load_on_demand_follows_the_settings_and_the_warmer_outlives_tables(tmp_path):
+    async def warm(model: str, timeout_s: float) -> str | None:
+        return None
+
+    replica = Replica(
+        NullTelemetry(), connect=FakeTritonBackend, load=lambda v, *_: Runtime(v), warm=warm
+    )
+    replica.configure(FrontendSettings(artifact_cache_dir=tmp_path))
+    assert not replica.warmer.enabled  # no budget: nothing is ever asked
+    on = FrontendSettings(artifact_cache_dir=tmp_path, load_on_demand=True)
+    replica.configure(on)
+    warmer = replica.warmer
+    assert warmer.enabled and warmer.timeout_s == on.cold_start_timeout_s
+    replica.apply([ServedVersion("a", "1", "text-classification", "src/a1")], 2)
+    assert replica.frontend.path.warmer is warmer  # a new table, the same warmer
+    replica.configure(on)
+    assert replica.warmer is warmer  # settings unchanged
+    # Its report: the versions used since the last one, and those with requests in flight.
+    warmer.use("a__v1")
+    replica.loaded[("a", "1")].in_flight = 2
+    assert replica.activity() == {"a__v1": 2}
+    replica.loaded[("a", "1")].in_flight = 0
+    assert replica.activity() == {}

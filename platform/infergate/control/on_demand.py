@@ -1,0 +1,123 @@
+"""The control plane's side of loading on demand, in a thread of its own.
+
+It pulls what the front-end replicas asked for from the ``ControlState`` actor, has the
+control plane load each (``ControlPlane.load_on_demand``: one at a time, so two requests
+never load one version twice), answers the replicas waiting, unloads idle versions, and
+publishes which versions are loaded. It holds none of the locks a reconcile waits on,
+so a cold start does not wait for a table change to be adopted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from infergate.control.reconcile import ControlPlane
+from infergate.control.residency import NoRoom
+from infergate.errors import ModelNotFound
+from infergate.observe.metrics import COLD_STARTS, EVICTIONS, LOAD_DURATION, LOADED_VERSIONS
+
+log = logging.getLogger(__name__)
+DEMAND_WAIT_S = 1.0  # the longest a pull of demands waits: idle unloads run this often
+CALL_TIMEOUT_S = 10.0
+
+
+class OnDemandLoader:
+    """Serves the replicas' load requests for ``plane`` through the ``state`` actor."""
+
+    def __init__(self, plane: ControlPlane, state: Any) -> None:
+        self.plane = plane
+        self.state = state
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._published: list[str] | None = None
+        self._metrics: dict[str, Any] = {}
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="load-on-demand", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=CALL_TIMEOUT_S + DEMAND_WAIT_S)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.round()
+            except Exception:  # the actor restarting, Triton away: the next round retries
+                log.exception("a round of loading on demand failed")
+                self._stop.wait(DEMAND_WAIT_S)
+
+    def round(self) -> None:
+        """Take the demands (waiting up to ``DEMAND_WAIT_S`` for one), load them, unload
+        idle versions, publish the loaded set if it changed."""
+        import ray
+
+        demands = ray.get(self.state.demands.remote(DEMAND_WAIT_S), timeout=CALL_TIMEOUT_S)
+        ages, busy = ray.get(self.state.usage.remote(), timeout=CALL_TIMEOUT_S)
+        self.plane.note_usage(ages, set(busy))
+        for model in demands:
+            self.state.settle.remote(model, self._load(model))
+        self.plane.unload_idle()
+        loaded = sorted(self.plane.residency.loaded)
+        if loaded != self._published:
+            ray.get(self.state.set_resident.remote(loaded), timeout=CALL_TIMEOUT_S)
+            self._published = loaded
+        self._gauge(LOADED_VERSIONS).set(len(loaded))
+
+    def _load(self, model: str) -> str | None:
+        """Load ``model``; None once loaded, else why not (said to the client: no
+        internals)."""
+        try:
+            seconds = self.plane.load_on_demand(model)
+        except (NoRoom, ModelNotFound) as exc:  # passing: the client retries
+            log.warning("loading %s on demand: %s", model, exc)
+            return exc.message
+        except Exception:
+            log.exception("loading %s on demand failed", model)
+            return "the backend could not load it"
+        if seconds:
+            version = self.plane.serving.get(model)
+            tags = {"model": version.name, "version": version.version} if version else {}
+            if tags:
+                self._counter(COLD_STARTS).inc(1, tags)
+                self._histogram().observe(seconds, tags)
+        return None
+
+    def on_residency(self, model: str, event: str, seconds: float) -> None:
+        """``ControlPlane``'s hook: count unloads by reason."""
+        if event in ("room", "idle"):
+            self._counter(EVICTIONS).inc(1, {"reason": event})
+
+    # Ray's metrics: created on first use, in the process that runs Ray.
+    def _counter(self, metric: Any) -> Any:
+        from ray.util.metrics import Counter
+
+        if metric.name not in self._metrics:
+            self._metrics[metric.name] = Counter(
+                metric.full_name, description=metric.description, tag_keys=metric.labels
+            )
+        return self._metrics[metric.name]
+
+    def _histogram(self) -> Any:
+        from ray.util.metrics import Histogram
+
+        metric = LOAD_DURATION
+        if metric.name not in self._metrics:
+            self._metrics[metric.name] = Histogram(
+                metric.full_name, description=metric.description,
+                boundaries=list(metric.buckets), tag_keys=metric.labels,
+            )  # fmt: skip
+        return self._metrics[metric.name]
+
+    def _gauge(self, metric: Any) -> Any:
+        from ray.util.metrics import Gauge
+
+        if metric.name not in self._metrics:
+            self._metrics[metric.name] = Gauge(
+                metric.full_name, description=metric.description, tag_keys=metric.labels
+            )
+        return self._metrics[metric.name]

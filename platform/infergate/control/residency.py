@@ -1,0 +1,114 @@
+"""Which served versions are loaded in Triton: the budget and its eviction policy (pure).
+
+A registry may serve more versions than a Triton can hold. With a budget
+(``triton.max_loaded_versions``) only the versions asked for lately stay loaded: the
+control plane loads a cold one on demand after making room, unloading the least recently
+used versions first, and unloads a version nobody asked for within
+``triton.idle_unload_s``. Two kinds of version are never chosen: one with requests in
+flight (its answers would fail), and a protected one: a canary under analysis and its
+champion, whose comparison must not be skewed by cold starts.
+
+Nothing here talks to Triton; ``ControlPlane`` (``infergate.control.reconcile``) does
+the loads and unloads this decides, and tells it what happened. The clock is injected.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from infergate.errors import BackendUnavailable
+from infergate.versions import CANARY, ServedVersion
+
+
+class NoRoom(BackendUnavailable):
+    """Every loaded version is in use or protected: nothing can be unloaded for another."""
+
+
+@dataclass
+class Residency:
+    """The loaded versions (Triton model names) and when each was last used.
+
+    ``budget``: most versions loaded at once, None for no limit; ``idle_unload_s``: a
+    version unused this long is unloaded, None for never."""
+
+    budget: int | None = None
+    idle_unload_s: float | None = None
+    clock: Callable[[], float] = time.monotonic
+    loaded: set[str] = field(default_factory=set)
+    last_used: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def managed(self) -> bool:
+        """Whether versions may be out of Triton while served (a budget or idle unloads)."""
+        return self.budget is not None or self.idle_unload_s is not None
+
+    def used(self, models: Iterable[str]) -> None:
+        """``models`` were asked for now."""
+        now = self.clock()
+        for model in models:
+            self.last_used[model] = now
+
+    def seen(self, ages: dict[str, float]) -> None:
+        """``ages``: seconds since each model was last used, as the replicas report."""
+        now = self.clock()
+        for model, age in ages.items():
+            used = now - age
+            if used > self.last_used.get(model, float("-inf")):
+                self.last_used[model] = used
+
+    def did_load(self, model: str) -> None:
+        self.loaded.add(model)
+        self.last_used[model] = self.clock()  # new: not the first to go
+
+    def did_unload(self, model: str) -> None:
+        self.loaded.discard(model)
+
+    def forget(self, model: str) -> None:
+        """``model`` is served no more."""
+        self.loaded.discard(model)
+        self.last_used.pop(model, None)
+
+    def make_room(self, model: str, *, busy: set[str], protected: set[str]) -> list[str]:
+        """The versions to unload, least recently used first, so that ``model`` fits in
+        the budget; none if it is loaded already or there is no budget.
+
+        Raises:
+            NoRoom: the versions that would have to go are all busy or protected.
+        """
+        if self.budget is None or model in self.loaded:
+            return []
+        excess = len(self.loaded) + 1 - self.budget
+        if excess <= 0:
+            return []
+        candidates = sorted(
+            (m for m in self.loaded if m not in busy and m not in protected),
+            key=lambda m: (self.last_used.get(m, float("-inf")), m),
+        )
+        if len(candidates) < excess:
+            raise NoRoom(
+                f"{len(self.loaded)} versions are loaded (budget {self.budget}) and "
+                f"{len(self.loaded) - len(candidates)} of them are in use or under a canary "
+                "analysis; retry shortly, or raise triton.max_loaded_versions"
+            )
+        return candidates[:excess]
+
+    def idle(self, *, busy: set[str], protected: set[str]) -> list[str]:
+        """The loaded versions unused for ``idle_unload_s``, oldest first."""
+        if self.idle_unload_s is None:
+            return []
+        limit = self.clock() - self.idle_unload_s
+        idle = [
+            m
+            for m in self.loaded
+            if m not in busy and m not in protected and self.last_used.get(m, limit) <= limit
+        ]
+        return sorted(idle, key=lambda m: (self.last_used.get(m, limit), m))
+
+
+def protected(served: Iterable[ServedVersion]) -> set[str]:
+    """The Triton models of every model with a canary: the canary and its champion."""
+    served = list(served)
+    under_analysis = {v.name for v in served if v.role == CANARY}
+    return {v.triton_model for v in served if v.name in under_analysis}
