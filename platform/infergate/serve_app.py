@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from infergate.config import FrontendSettings, ServeSettings
-from infergate.control.state import control_state
+from infergate.control.state import ControlStateLink
 from infergate.observe.telemetry import RayTelemetry
 from infergate.serving.replica import Replica
 from infergate.serving.replica_logs import log_to_replica_file
@@ -44,7 +44,7 @@ class FrontendDeployment:
         log_to_replica_file()
         self._telemetry = RayTelemetry()
         self._replica = Replica(self._telemetry, connect=TritonBackend)
-        self._state = control_state()
+        self._state = ControlStateLink(create=False)  # the control plane creates it
         self._epoch = ""  # of the ControlState actor our table came from
         self._id = serve.get_replica_context().replica_id.unique_id
         self._sync_task = asyncio.get_running_loop().create_task(self._sync())
@@ -79,7 +79,14 @@ class FrontendDeployment:
 
     async def _pull_table(self) -> bool:
         """Apply the control plane's table if it is newer than ours; whether it was."""
-        update = await self._state.table.remote(self._epoch, self._replica.table_version)
+        actor = self._state.actor()
+        if actor is None:  # no control plane has run yet: nothing to serve
+            return False
+        try:
+            update = await actor.table.remote(self._epoch, self._replica.table_version)
+        except Exception as error:
+            self._state.failed(error)
+            raise
         if update is None:
             return False
         self._epoch, version, served = update
@@ -90,16 +97,23 @@ class FrontendDeployment:
         while True:
             if self._replica.settings is not None:
                 try:
-                    replicas = await self._report()
-                    self._replica.access.set_replicas(replicas)
+                    pending = self._report()
+                    if pending is not None:
+                        self._replica.access.set_replicas(await pending)
                     self._replica.refresh_gauges()
-                except Exception:
+                except Exception as error:
+                    self._state.failed(error)
                     log.exception("reporting to the control plane failed")
             await asyncio.sleep(REPORT_INTERVAL_S)
 
     def _report(self) -> Any:
-        """Report to the control plane; awaited, the count of live front-end replicas."""
-        return self._state.report.remote(self._id, self._replica.adopted, self._replica.counters())
+        """Report to the control plane; awaited, the count of live front-end replicas. None
+        while there is no ``ControlState`` actor to report to."""
+        actor = self._state.actor()
+        if actor is None:
+            return None
+        replica = self._replica
+        return actor.report.remote(self._id, replica.adopted, replica.counters())
 
     async def __call__(self, request: Request) -> Response:
         return await self._replica.handle(request)
