@@ -26,6 +26,7 @@ such a handle and looks the actor up again (the control plane creates it afresh)
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Mapping
@@ -44,6 +45,7 @@ from ray.util.scheduling_strategies import (
 # calling an actor of the previous release with this release's methods.
 PROTOCOL = 2  # 2: epochs (table(epoch, known), publish returns (epoch, version))
 STATE_ACTOR = f"infergate-control-v{PROTOCOL}"
+log = logging.getLogger(__name__)
 STATE_NAMESPACE = "infergate"
 REPLICA_SILENT_AFTER_S = 10.0  # a replica not heard from for this long is gone
 
@@ -141,5 +143,6 @@ class ControlStateLink:
         """A call through the handle raised ``error``: if the actor is gone for good (a
         restarting one raises other errors, and its handle stays good), look it up again
         next time."""
-        if isinstance(error, ActorDiedError):
+        if isinstance(error, ActorDiedError) and self._actor is not None:
+            log.warning("the ControlState actor is gone for good; looking it up again")
             self._actor = None
