@@ -261,18 +261,18 @@ class _RolloutWatch(threading.Thread):
         from mlflow import MlflowClient
 
         self._client = MlflowClient(mlflow)
-        self._stop = threading.Event()
+        self._done = threading.Event()
         self.states: list[dict[str, str]] = []
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._done.is_set():
             state = _rollout_tags(self._client)
             if not self.states or state != self.states[-1]:
                 self.states.append(state)
             time.sleep(0.25)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join(timeout=30)
 
 
@@ -299,9 +299,10 @@ def _weights(http: httpx.Client) -> dict[str, int]:
 
 def _start_rollout(stack: Stack, client: Any) -> str:
     """An automatic rollout of a new version (the same weights) with short steps; its
-    version."""
+    version. Latency is not what is judged here: a node lost on a loaded machine slowed the
+    canary's few requests (p95 1.96x the champion's) and rolled it back."""
     policy = {"steps": "20,50,100", "step_interval_s": "10", "min_requests": "20",
-              "latency_margin_ms": "50"}  # fmt: skip
+              "latency_margin_ms": "1000", "max_latency_ratio": "10"}  # fmt: skip
     for key, value in policy.items():
         client.set_registered_model_tag(MODEL, f"infergate.rollout.policy.{key}", value)
     stack.register(tiny_bert(stack.state_dir / "same", "text-classification"), MODEL,
@@ -361,11 +362,12 @@ def test_a_lost_worker_node_costs_no_request_and_no_control(cluster, stack, acto
             assert now is not None and now[0] == head
             assert now[1] == restarts + (actor_on == "worker"), (placed, now)
             # A table change made after the loss: the rollout's next step, on the head.
-            changed = wait_for(lambda: (w := _weights_or_none(http)) and w != at_first_step
+            changed = wait_for(lambda: (w := _weights_or_none(http)) and w.get(canary, 0) > 20
                                and w, 180, "the rollout's next step on the head")  # fmt: skip
             changed_wall = time.time()
             after_tags = _rollout_tags(client)
-            step_began = float(after_tags.get("step_started_at", changed_wall))
+            assert after_tags.get("last_decision") == "advance", after_tags  # not a rollback
+            step_began = float(after_tags["step_started_at"])
             assert step_began > lost_wall, (at_loss, after_tags)
             wait_for(lambda: cluster.replica_nodes() == [head], 60, "one replica left")
             cluster.start_worker()
