@@ -75,13 +75,13 @@ def test_an_actor_gone_for_good_is_created_again_and_found_by_replicas(ray_clust
     assert old is not None
     epoch, _, _ = ray.get(old.table.remote("", 0))
 
-    ray.kill(old, no_restart=True)
-    with pytest.raises(ray.exceptions.ActorDiedError):
-        ray.get(old.current_epoch.remote(), timeout=60)
+    ray.kill(old, no_restart=True)  # takes effect a moment later
     deadline = time.monotonic() + 30  # the name is free once Ray marked the actor dead
     while find_control_state() is not None:
         assert time.monotonic() < deadline, "the dead actor's name is still taken"
         time.sleep(0.2)
+    with pytest.raises(ray.exceptions.ActorDiedError):
+        ray.get(old.current_epoch.remote(), timeout=60)
     replica.failed(ray.exceptions.ActorDiedError())
     assert replica.actor() is None  # no control plane round yet: nothing to find
 
