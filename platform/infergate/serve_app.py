@@ -21,7 +21,7 @@ from starlette.responses import Response
 from tritonclient.grpc import service_pb2
 
 from infergate.config import FrontendSettings, ServeSettings
-from infergate.control.state import control_state
+from infergate.control.state import ControlStateLink
 from infergate.observe.telemetry import RayTelemetry
 from infergate.protocols import v2_grpc
 from infergate.serving.replica import Replica
@@ -47,7 +47,7 @@ class FrontendDeployment:
         log_to_replica_file()
         self._telemetry = RayTelemetry()
         self._replica = Replica(self._telemetry, connect=TritonBackend, warm=self._warm)
-        self._state = control_state()
+        self._state = ControlStateLink(create=False)  # the control plane creates it
         self._epoch = ""  # of the ControlState actor our table came from
         self._id = serve.get_replica_context().replica_id.unique_id
         self._sync_task = asyncio.get_running_loop().create_task(self._sync())
@@ -84,7 +84,14 @@ class FrontendDeployment:
 
     async def _pull_table(self) -> bool:
         """Apply the control plane's table if it is newer than ours; whether it was."""
-        update = await self._state.table.remote(self._epoch, self._replica.table_version)
+        actor = self._state.actor()
+        if actor is None:  # no control plane has run yet: nothing to serve
+            return False
+        try:
+            update = await actor.table.remote(self._epoch, self._replica.table_version)
+        except Exception as error:
+            self._state.failed(error)
+            raise
         if update is None:
             return False
         self._epoch, version, served = update
@@ -93,31 +100,51 @@ class FrontendDeployment:
 
     async def _pull_resident(self) -> None:
         """Which versions the control plane has loaded in Triton, if that changed."""
+        actor = self._state.actor()
+        if actor is None:
+            return
         warmer = self._replica.warmer
-        update = await self._state.get_resident.remote(self._epoch, warmer.resident_version)
+        try:
+            update = await actor.get_resident.remote(self._epoch, warmer.resident_version)
+        except Exception as error:
+            self._state.failed(error)
+            raise
         if update is not None:
             warmer.set_resident(*update)
 
     async def _warm(self, model: str, timeout_s: float) -> str | None:
         """Ask the control plane to load ``model`` into Triton; None once loaded."""
-        reason: str | None = await self._state.warm.remote(model, timeout_s)
+        actor = self._state.actor()
+        if actor is None:
+            return "no control plane to load it"
+        try:
+            reason: str | None = await actor.warm.remote(model, timeout_s)
+        except Exception as error:
+            self._state.failed(error)
+            raise
         return reason
 
     async def _report_regularly(self) -> None:
         while True:
             if self._replica.settings is not None:
                 try:
-                    replicas = await self._report()
-                    self._replica.access.set_replicas(replicas)
+                    pending = self._report()
+                    if pending is not None:
+                        self._replica.access.set_replicas(await pending)
                     self._replica.refresh_gauges()
-                except Exception:
+                except Exception as error:
+                    self._state.failed(error)
                     log.exception("reporting to the control plane failed")
             await asyncio.sleep(REPORT_INTERVAL_S)
 
     def _report(self) -> Any:
-        """Report to the control plane; awaited, the count of live front-end replicas."""
+        """Report to the control plane; awaited, the count of live front-end replicas. None
+        while there is no ``ControlState`` actor to report to."""
+        actor = self._state.actor()
+        if actor is None:
+            return None
         replica = self._replica
-        return self._state.report.remote(
+        return actor.report.remote(
             self._id, replica.adopted, replica.counters(), replica.activity()
         )
 

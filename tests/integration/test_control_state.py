@@ -83,3 +83,41 @@ def test_many_replicas_waiting_for_one_version_make_one_demand(ray_cluster):
     assert ray.get(state.get_resident.remote(epoch, 0)) == (1, ["m__v1"])
     assert ray.get(state.get_resident.remote(epoch, 1)) is None
     ray.kill(state)
+
+
+def test_an_actor_gone_for_good_is_created_again_and_found_by_replicas(ray_cluster, tmp_path):
+    """Killed with no restart (deleted by an operator, say), every handle on the actor can
+    only fail: the control plane's next round creates it afresh, where its settings say,
+    and publishes its table; a replica's link drops its dead handle and finds the new one."""
+    import ray
+
+    from infergate.control.state import ControlStateLink, find_control_state
+
+    node = ray.get_runtime_context().get_node_id()
+    labels = {"ray.io/node-id": node}
+    config = StackConfig(state_dir=tmp_path, serve={"control_actor_labels": labels})  # type: ignore[arg-type]
+    service = ControlService(config, MemoryRegistry(), clock=FakeClock())  # type: ignore[arg-type]
+    service._app_deployed = True
+    service._deploy(SERVED)
+    replica = ControlStateLink(create=False)
+    old = replica.actor()
+    assert old is not None
+    epoch, _, _ = ray.get(old.table.remote("", 0))
+
+    ray.kill(old, no_restart=True)  # takes effect a moment later
+    deadline = time.monotonic() + 30  # the name is free once Ray marked the actor dead
+    while find_control_state() is not None:
+        assert time.monotonic() < deadline, "the dead actor's name is still taken"
+        time.sleep(0.2)
+    with pytest.raises(ray.exceptions.ActorDiedError):
+        ray.get(old.current_epoch.remote(), timeout=60)
+    replica.failed(ray.exceptions.ActorDiedError())
+    assert replica.actor() is None  # no control plane round yet: nothing to find
+
+    service.rollouts.tick = list  # type: ignore[method-assign]
+    service.run_due()  # fails on the dead handle: logged, and the handle is dropped
+    service.run_due()  # creates the actor again and publishes
+    found = replica.actor()
+    assert found is not None
+    new_epoch, version, table = ray.get(found.table.remote(epoch, 0))
+    assert new_epoch != epoch and version == 1 and table == [v.to_dict() for v in SERVED]

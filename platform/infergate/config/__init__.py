@@ -328,6 +328,13 @@ class ServeSettings(Frozen):
         description="With external: the address clients call (the cluster's Serve ingress, "
         "e.g. the RayService's serve Service), which `up` prints; unset, `up` prints none.",
     )
+    control_actor_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Ray node labels the ControlState actor (which carries traffic tables to "
+        "the replicas) prefers (labels given with `ray start --labels`, e.g. {market: "
+        "on-demand}, or Ray's own ray.io/node-id); it runs elsewhere when no such node is up. "
+        "Empty: the control plane's own node.",
+    )
     max_ongoing_requests: int = Field(256, ge=1, description="Per front-end replica.")
     access_log: bool = Field(
         False,

@@ -24,14 +24,16 @@ CALL_TIMEOUT_S = 10.0
 
 
 class OnDemandLoader:
-    """Serves the replicas' load requests for ``plane`` through the ``state`` actor."""
+    """Serves the replicas' load requests for ``plane`` through the ``ControlState`` actor
+    that ``link`` (a ``ControlStateLink``) holds, looked up again after it died for good."""
 
-    def __init__(self, plane: ControlPlane, state: Any) -> None:
+    def __init__(self, plane: ControlPlane, link: Any) -> None:
         self.plane = plane
-        self.state = state
+        self.link = link
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._published: list[str] | None = None
+        self._published: list[str] | None = None  # the loaded set _actor was told
+        self._actor: Any = None
         self._metrics: dict[str, Any] = {}
 
     def start(self) -> None:
@@ -54,17 +56,27 @@ class OnDemandLoader:
     def round(self) -> None:
         """Take the demands (waiting up to ``DEMAND_WAIT_S`` for one), load them, unload
         idle versions, publish the loaded set if it changed."""
+        try:
+            state = self.link.actor()
+            if state is not self._actor:  # a new actor (the last one died): it knows nothing
+                self._actor, self._published = state, None
+            self._round(state)
+        except Exception as error:
+            self.link.failed(error)
+            raise
+
+    def _round(self, state: Any) -> None:
         import ray
 
-        demands = ray.get(self.state.demands.remote(DEMAND_WAIT_S), timeout=CALL_TIMEOUT_S)
-        ages, busy = ray.get(self.state.usage.remote(), timeout=CALL_TIMEOUT_S)
+        demands = ray.get(state.demands.remote(DEMAND_WAIT_S), timeout=CALL_TIMEOUT_S)
+        ages, busy = ray.get(state.usage.remote(), timeout=CALL_TIMEOUT_S)
         self.plane.note_usage(ages, set(busy))
         for model in demands:
-            self.state.settle.remote(model, self._load(model))
+            state.settle.remote(model, self._load(model))
         self.plane.unload_idle()
         loaded = sorted(self.plane.residency.loaded)
         if loaded != self._published:
-            ray.get(self.state.set_resident.remote(loaded), timeout=CALL_TIMEOUT_S)
+            ray.get(state.set_resident.remote(loaded), timeout=CALL_TIMEOUT_S)
             self._published = loaded
         self._gauge(LOADED_VERSIONS).set(len(loaded))
 

@@ -90,11 +90,27 @@ class ControlService:
         self._next_check = now + config.triton.check_interval_s
 
     @functools.cached_property
-    def _state(self) -> Any:
-        """The ``ControlState`` actor, once Ray runs (this object is built without it)."""
-        from infergate.control.state import control_state
+    def _link(self) -> Any:
+        """The link to the ``ControlState`` actor, once Ray runs (this object is built
+        without it); the control plane creates the actor where its settings say."""
+        from infergate.control.state import ControlStateLink
 
-        return control_state()
+        return ControlStateLink(create=True, labels=self.config.serve.control_actor_labels)
+
+    @property
+    def _state(self) -> Any:
+        """The ``ControlState`` actor (created again if it was gone for good)."""
+        return self._link.actor()
+
+    def _ask(self, method: str, *args: Any, timeout_s: float = 10.0) -> Any:
+        """Call ``method`` of the ``ControlState`` actor and wait for its answer."""
+        import ray
+
+        try:
+            return ray.get(getattr(self._state, method).remote(*args), timeout=timeout_s)
+        except Exception as error:
+            self._link.failed(error)
+            raise
 
     def start(self) -> None:
         """Serve the admin API; point the registry's webhook at it."""
@@ -113,7 +129,7 @@ class ControlService:
         self.admin = AdminServer(api.app, a.host, a.port)
         self.admin.start()
         if self.config.triton.loads_on_demand:
-            self.on_demand = OnDemandLoader(self.plane, self._state)
+            self.on_demand = OnDemandLoader(self.plane, self._link)
             self.plane.on_residency = self.on_demand.on_residency
             self.on_demand.start()
         if a.webhooks:
@@ -186,18 +202,15 @@ class ControlService:
 
     def _stats(self) -> dict[str, VersionCounters]:
         """The front-end replicas' counters, summed: what canary analysis reads."""
-        import ray
-
-        return merge_reports(ray.get(self._state.snapshot.remote(), timeout=10))
+        return merge_reports(self._ask("snapshot"))
 
     def _deploy(self, served: list[ServedVersion]) -> None:
         """Publish the traffic table; wait until every front-end replica runs it."""
-        import ray
         from ray import serve
 
         from infergate.serve_app import APP_NAME, frontend_app
 
-        epoch, version = ray.get(self._state.publish.remote([v.to_dict() for v in served]))
+        epoch, version = self._ask("publish", [v.to_dict() for v in served], timeout_s=60.0)
         self._published = (epoch, served)
         if not self._app_deployed:
             app = frontend_app(self.config.frontend_settings(), self.config.serve)
@@ -206,7 +219,7 @@ class ControlService:
         # Old versions are unloaded from Triton after this: no replica may still use them.
         wait_until(
             None,
-            lambda: ray.get(self._state.adopted.remote(version), timeout=5),
+            lambda: self._ask("adopted", version, timeout_s=5.0),
             ADOPTION_TIMEOUT_S,
             f"front-end replicas adopting traffic table {version}",
         )
@@ -219,13 +232,12 @@ class ControlService:
 
     def _publish_again_if_restarted(self) -> None:
         """The ``ControlState`` actor restarted (its node lost, say): it is empty, so give
-        it the table again; replicas route by their last one meanwhile."""
-        import ray
-
+        it the table again; replicas route by their last one meanwhile. An actor gone for
+        good is created again here (``_ask`` dropped its handle), under a new epoch too."""
         if self._published is None:
             return
         epoch, served = self._published
-        if ray.get(self._state.current_epoch.remote(), timeout=10) != epoch:
+        if self._ask("current_epoch") != epoch:
             log.warning("the control state actor restarted; publishing the traffic table again")
             with self.lock:
                 self._deploy(served)

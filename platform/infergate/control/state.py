@@ -14,8 +14,14 @@ actor starts empty under a new ``epoch``: replicas keep routing by the table the
 until the control plane publishes again, which it does as soon as it sees the epoch
 change (``ControlService.run_due``), and replicas take the first table of a new epoch
 whatever its number. Their counters are cumulative, so the first report of each replica
-after a restart gives the canary analysis everything back. The control plane creates
-the actor on its own node (soft affinity: elsewhere if that node is gone).
+after a restart gives the canary analysis everything back.
+
+Only the control plane creates the actor, so that where it runs is the control plane's
+setting (``serve.control_actor_labels``: a soft preference for nodes with those Ray labels,
+e.g. on-demand rather than spot nodes; by default the control plane's own node). Replicas
+only look it up, and until it exists serve nothing new. An actor gone for good (killed
+with ``no_restart``, say) leaves handles that can only fail: ``ControlStateLink`` drops
+such a handle and looks the actor up again (the control plane creates it afresh).
 
 Loading on demand (``infergate.control.residency``) meets here too. A replica that needs
 a version Triton does not have calls ``warm``, which waits until the control plane,
@@ -30,18 +36,26 @@ the waiting calls; Ray retries them on the new actor, whose demands start empty.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from ray.exceptions import ActorDiedError
+from ray.util.scheduling_strategies import (
+    In,
+    NodeAffinitySchedulingStrategy,
+    NodeLabelSchedulingStrategy,
+)
 
 # The name carries the actor's protocol (its methods and what they return): a cluster kept
 # running through an upgrade gets a new actor beside the old one's leftovers instead of
 # calling an actor of the previous release with this release's methods.
 PROTOCOL = 3  # 2: epochs (table(epoch, known), publish returns (epoch, version)); 3: warm
 STATE_ACTOR = f"infergate-control-v{PROTOCOL}"
+log = logging.getLogger(__name__)
 STATE_NAMESPACE = "infergate"
 REPLICA_SILENT_AFTER_S = 10.0  # a replica not heard from for this long is gone
 
@@ -167,15 +181,54 @@ class ControlState:
         return ages, sorted(busy)
 
 
-def control_state() -> ray.actor.ActorHandle:
-    """The cluster's ``ControlState``, created on first use on this node if it can be."""
+def control_state(labels: Mapping[str, str] | None = None) -> ray.actor.ActorHandle:
+    """The cluster's ``ControlState``, created on first use: preferably on a node with
+    ``labels`` (Ray node labels, e.g. ``ray.io/node-group``), else on this node if it can
+    be; elsewhere when no such node is left (the preference is soft, restarts too)."""
     options: dict[str, Any] = {}
-    try:
-        node = ray.get_runtime_context().get_node_id()
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
-    except Exception:  # a driver that cannot say its node (Ray Client): anywhere
-        pass
+    if labels:
+        soft = {key: In(value) for key, value in labels.items()}
+        options["scheduling_strategy"] = NodeLabelSchedulingStrategy({}, soft=soft)
+    else:
+        try:
+            node = ray.get_runtime_context().get_node_id()
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+        except Exception:  # a driver that cannot say its node (Ray Client): anywhere
+            pass
     return ControlState.options(
         name=STATE_ACTOR, namespace=STATE_NAMESPACE, lifetime="detached", get_if_exists=True,
         **options,
     ).remote()  # fmt: skip
+
+
+def find_control_state() -> ray.actor.ActorHandle | None:
+    """The cluster's ``ControlState`` if the control plane created it; None otherwise."""
+    try:
+        return ray.get_actor(STATE_ACTOR, namespace=STATE_NAMESPACE)
+    except ValueError:  # no actor of that name (yet)
+        return None
+
+
+class ControlStateLink:
+    """A handle on the ``ControlState`` actor, looked up again after the actor died for
+    good. The control plane's link creates the actor when there is none (``labels``: where
+    it prefers to run); a replica's only finds it."""
+
+    def __init__(self, *, create: bool, labels: Mapping[str, str] | None = None) -> None:
+        self._create = create
+        self._labels = dict(labels or {})
+        self._actor: ray.actor.ActorHandle | None = None
+
+    def actor(self) -> ray.actor.ActorHandle | None:
+        """The actor, or None while a replica finds none."""
+        if self._actor is None:
+            self._actor = control_state(self._labels) if self._create else find_control_state()
+        return self._actor
+
+    def failed(self, error: BaseException) -> None:
+        """A call through the handle raised ``error``: if the actor is gone for good (a
+        restarting one raises other errors, and its handle stays good), look it up again
+        next time."""
+        if isinstance(error, ActorDiedError) and self._actor is not None:
+            log.warning("the ControlState actor is gone for good; looking it up again")
+            self._actor = None
