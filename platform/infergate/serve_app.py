@@ -72,8 +72,8 @@ class FrontendDeployment:
             if replica.settings is not None:  # else reconfigure has not run yet
                 try:
                     async with replica.applying:
-                        if await self._pull_table():
-                            self._report()  # the control plane waits for this
+                        if await self._pull_table():  # the control plane waits for this:
+                            self._state.send("report", *self._report_args())
                     if replica.warmer.enabled:
                         await self._pull_resident()
                     if replica.retry_due():
@@ -84,15 +84,8 @@ class FrontendDeployment:
 
     async def _pull_table(self) -> bool:
         """Apply the control plane's table if it is newer than ours; whether it was."""
-        actor = self._state.actor()
-        if actor is None:  # no control plane has run yet: nothing to serve
-            return False
-        try:
-            update = await actor.table.remote(self._epoch, self._replica.table_version)
-        except Exception as error:
-            self._state.failed(error)
-            raise
-        if update is None:
+        update = await self._state.ask("table", self._epoch, self._replica.table_version)
+        if update is None:  # none newer, or no control plane has run yet
             return False
         self._epoch, version, served = update
         await self._replica.switch_table(version, served)
@@ -100,53 +93,35 @@ class FrontendDeployment:
 
     async def _pull_resident(self) -> None:
         """Which versions the control plane has loaded in Triton, if that changed."""
-        actor = self._state.actor()
-        if actor is None:
-            return
         warmer = self._replica.warmer
-        try:
-            update = await actor.get_resident.remote(self._epoch, warmer.resident_version)
-        except Exception as error:
-            self._state.failed(error)
-            raise
+        update = await self._state.ask("get_resident", self._epoch, warmer.resident_version)
         if update is not None:
             warmer.set_resident(*update)
 
     async def _warm(self, model: str, timeout_s: float) -> str | None:
         """Ask the control plane to load ``model`` into Triton; None once loaded."""
-        actor = self._state.actor()
-        if actor is None:
-            return "no control plane to load it"
-        try:
-            reason: str | None = await actor.warm.remote(model, timeout_s)
-        except Exception as error:
-            self._state.failed(error)
-            raise
+        reason: str | None = await self._state.ask(
+            "warm", model, timeout_s, absent="no control plane to load it"
+        )
         return reason
 
     async def _report_regularly(self) -> None:
         while True:
             if self._replica.settings is not None:
                 try:
-                    pending = self._report()
-                    if pending is not None:
-                        self._replica.access.set_replicas(await pending)
+                    replicas = await self._state.ask("report", *self._report_args())
+                    if replicas is not None:  # the count of live front-end replicas
+                        self._replica.access.set_replicas(replicas)
                     self._replica.refresh_gauges()
-                except Exception as error:
-                    self._state.failed(error)
+                except Exception:
                     log.exception("reporting to the control plane failed")
             await asyncio.sleep(REPORT_INTERVAL_S)
 
-    def _report(self) -> Any:
-        """Report to the control plane; awaited, the count of live front-end replicas. None
-        while there is no ``ControlState`` actor to report to."""
-        actor = self._state.actor()
-        if actor is None:
-            return None
+    def _report_args(self) -> tuple[Any, ...]:
+        """What a report to the control plane carries: this replica, the table it adopted,
+        its counters and what it used."""
         replica = self._replica
-        return actor.report.remote(
-            self._id, replica.adopted, replica.counters(), replica.activity()
-        )
+        return self._id, replica.adopted, replica.counters(), replica.activity()
 
     async def __call__(self, request: Request) -> Response:
         return await self._replica.handle(request)

@@ -232,3 +232,21 @@ class ControlStateLink:
         if isinstance(error, ActorDiedError) and self._actor is not None:
             log.warning("the ControlState actor is gone for good; looking it up again")
             self._actor = None
+
+    def send(self, method: str, *args: Any) -> Any:
+        """Call ``method`` of the actor without waiting: its ObjectRef, or None while
+        there is no actor."""
+        actor = self.actor()
+        return None if actor is None else getattr(actor, method).remote(*args)
+
+    async def ask(self, method: str, *args: Any, absent: Any = None) -> Any:
+        """``method``'s answer, awaited (a replica's event loop), or ``absent`` while there
+        is no actor; a failure is raised, a dead actor's handle dropped first."""
+        pending = self.send(method, *args)
+        if pending is None:
+            return absent
+        try:
+            return await pending
+        except Exception as error:
+            self.failed(error)
+            raise
