@@ -255,14 +255,19 @@ def p99(seconds: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
-def grpc_sessions_by_replica(stack: Stack) -> Counter[str]:
-    """Calls HAProxy's gRPC frontend handed each front-end replica so far (its stats page)."""
+def grpc_replicas(stack: Stack) -> list[dict[str, str]]:
+    """The front-end replicas in HAProxy's gRPC backend, as its stats page lists them."""
     port = stack.env["INFERGATE_SERVE__HAPROXY_STATS_PORT"]
     text = httpx.get(f"http://127.0.0.1:{port}/stats;csv", timeout=10).text.lstrip("# ")
-    return Counter({
-        row["svname"]: int(row["stot"]) for row in csv.DictReader(io.StringIO(text))
+    return [
+        row for row in csv.DictReader(io.StringIO(text))
         if row["pxname"] == "grpc-infergate" and row["svname"].startswith("SERVE_REPLICA")
-    })  # fmt: skip
+    ]  # fmt: skip
+
+
+def grpc_sessions_by_replica(stack: Stack) -> Counter[str]:
+    """Calls HAProxy's gRPC frontend handed each front-end replica so far."""
+    return Counter({row["svname"]: int(row["stot"]) for row in grpc_replicas(stack)})
 
 
 def test_grpc_calls_on_one_connection_spread_over_both_replicas(stack):
@@ -270,12 +275,27 @@ def test_grpc_calls_on_one_connection_spread_over_both_replicas(stack):
     # not each connection, so one tritonclient.grpc channel reaches every replica.
     import numpy as np
     import tritonclient.grpc as triton_grpc
+    from tritonclient.utils import InferenceServerException
 
-    before = grpc_sessions_by_replica(stack)
+    # The stack's fixture waits for one answer: both replicas in HAProxy's gRPC backend,
+    # each with the model's table, first.
+    def both_up() -> bool:
+        return sum(row["status"].startswith("UP") for row in grpc_replicas(stack)) == 2
+
+    wait_for(both_up, 120, "both replicas up in HAProxy's gRPC backend")
     text = triton_grpc.InferInput("text", [1], "BYTES")
     text.set_data_from_numpy(np.array(["a steady stream"], dtype=object))
     url = f"127.0.0.1:{stack.env['INFERGATE_FRONTEND__GRPC_PORT']}"
     with triton_grpc.InferenceServerClient(url=url) as client:
+
+        def answers_ten_in_a_row() -> bool:
+            try:
+                return all(client.infer(MODEL, [text]) is not None for _ in range(10))
+            except InferenceServerException:  # a replica still loading its table
+                return False
+
+        wait_for(answers_ten_in_a_row, 120, "both replicas answering over gRPC")
+        before = grpc_sessions_by_replica(stack)
         for _ in range(40):
             assert client.infer(MODEL, [text]).as_numpy("label").shape == (1,)
     calls = grpc_sessions_by_replica(stack) - before
