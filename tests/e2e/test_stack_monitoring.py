@@ -28,6 +28,18 @@ OTHER_TASKS = [
 TRANSLATION = ("monitored-translate", {"max_decoding_length": 8})
 
 
+# Panels of a feature the session stack runs without: load on demand needs a budget
+# (triton.max_loaded_versions), which would make the other modules' requests cold starts.
+# Their queries are still run here (valid PromQL); tests/e2e/test_many_models.py runs the
+# feature.
+WITHOUT_DATA_HERE = {
+    "Loaded versions",
+    "Cold starts per second",
+    "Load on demand, p50 / p99",
+    "Unloads per second",
+}
+
+
 def panel_queries() -> list[tuple[str, str, str]]:
     found = []
     for board, text in render_all().items():
@@ -80,6 +92,7 @@ def check_every_panel(stack: Stack, http: httpx.Client) -> None:
     url = f"http://127.0.0.1:{stack.env['INFERGATE_PROMETHEUS__PORT']}/api/v1/query"
     queries = panel_queries()
     assert len(queries) > 20
+    assert {title for _, title, _ in queries} >= WITHOUT_DATA_HERE  # none stale
     empty: list[str] = []
     deadline = time.monotonic() + 90  # Ray's agent exports every few seconds, scrapes 5 s
     while True:
@@ -94,7 +107,7 @@ def check_every_panel(stack: Stack, http: httpx.Client) -> None:
         for board, title, expr in queries:
             body = httpx.get(url, params={"query": expand(expr, rate_interval="1m")}).json()
             assert body["status"] == "success", f"{board}/{title}: {body.get('error')}"
-            if not body["data"]["result"]:
+            if not body["data"]["result"] and title not in WITHOUT_DATA_HERE:
                 empty.append(f"{board}/{title}: {expr}")
         if not empty or time.monotonic() > deadline:
             break
