@@ -117,6 +117,19 @@ def test_grpc_calls_want_the_same_keys(stack):
     text.set_data_from_numpy(np.array(["a fine day"], dtype=object))
     with triton_grpc.InferenceServerClient(url=url) as client:
         assert client.is_server_live()  # probes need no key
+        ops = {"authorization": f"Bearer {keys.ops}"}
+
+        def answers() -> bool:
+            # The stack's fixture waits for HTTP answers; HAProxy's gRPC backend checks
+            # the replica's gRPC server on its own, and may not have it up yet.
+            try:
+                return client.infer("alpha", [text], headers=ops) is not None
+            except InferenceServerException as error:
+                # not up in the backend yet, or its replica without the table yet
+                assert error.status() in ("StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND")
+                return False
+
+        wait_for(answers, 60, "gRPC answers")
 
         def refused(model: str, key: str | None) -> InferenceServerException:
             headers = {"authorization": f"Bearer {key}"} if key else None
