@@ -287,14 +287,19 @@ def test_grpc_calls_on_one_connection_spread_over_both_replicas(stack):
     text.set_data_from_numpy(np.array(["a steady stream"], dtype=object))
     url = f"127.0.0.1:{stack.env['INFERGATE_FRONTEND__GRPC_PORT']}"
     with triton_grpc.InferenceServerClient(url=url) as client:
+        errors: list[str] = []
 
         def answers_ten_in_a_row() -> bool:
             try:
                 return all(client.infer(MODEL, [text]) is not None for _ in range(10))
-            except InferenceServerException:  # a replica still loading its table
+            except InferenceServerException as exc:  # a replica still loading its table
+                errors.append(f"{exc.status()}: {exc.message()}")
                 return False
 
-        wait_for(answers_ten_in_a_row, 120, "both replicas answering over gRPC")
+        try:
+            wait_for(answers_ten_in_a_row, 120, "both replicas answering over gRPC")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the last errors: {errors[-3:]}") from None
         before = grpc_sessions_by_replica(stack)
         for _ in range(40):
             assert client.infer(MODEL, [text]).as_numpy("label").shape == (1,)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -17,6 +18,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
+from conftest import wait_for
 from onnx import TensorProto, helper, numpy_helper
 
 from infergate.bench.stack_scenarios import sequential_calls
@@ -269,11 +271,24 @@ def frozen(triton: RunningTriton) -> Iterator[None]:
     ``grpc_channel_create_call``), and a local Triton answers this model in about 1 ms, so
     a deadline of a microsecond can be met.
     """
-    os.kill(triton.process.pid, signal.SIGSTOP)
+    pid = triton.process.pid
+    os.kill(pid, signal.SIGSTOP)
     try:
+        # The stop reaches each of Triton's threads on its own: until all are stopped, one
+        # could still answer (a clean-clone run saw a call answered inside this block).
+        wait_for(lambda: all_threads_stopped(pid), 10, "every Triton thread stopped")
         yield
     finally:
         os.kill(triton.process.pid, signal.SIGCONT)
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is in state T (stopped), from ``/proc``."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(OSError):  # a thread that just ended
+            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state == "T" for state in states)
 
 
 def test_an_unreachable_server_is_unavailable_and_a_late_answer_a_timeout(

@@ -126,6 +126,29 @@ def free_ports(count: int) -> list[int]:
     raise StackError(f"fewer than {count} free ports in {LATE_BIND_PORTS}")
 
 
+def listening_ports() -> set[int]:
+    """The TCP ports something on this host (this network namespace) listens on."""
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # TCP_LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def free_port_block(start: int, stop: int, size: int) -> range:
+    """The first ``size`` ports in ``[start, stop)``, in steps of ``size``, where nothing
+    listens yet; ``StackError`` if there is none."""
+    busy = listening_ports()
+    for first in range(start, stop - size + 1, size):
+        block = range(first, first + size)
+        if not busy.intersection(block):
+            return block
+    raise StackError(f"no {size} free ports in a row in {start}-{stop - 1}")
+
+
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
     """Whether a GET of ``url`` answers 200 (for ``wait_until``, which absorbs errors)."""
     with urllib.request.urlopen(url, timeout=timeout_s) as response:

@@ -14,7 +14,7 @@ from typing import Any
 
 from infergate.config import ServeSettings
 from infergate.serving.ingress import write_error_pages
-from infergate.stack.processes import descendants, reap
+from infergate.stack.processes import descendants, free_port_block, reap
 
 log = logging.getLogger(__name__)
 RAY_START_ATTEMPTS = 3
@@ -73,11 +73,26 @@ def grpc_options(port: int) -> dict[str, Any] | None:
     return {"port": port, "grpc_servicer_functions": [GRPC_SERVICER]}
 
 
+# Where each replica's own gRPC server may listen (HAProxy forwards to it): Ray Serve's
+# range is 40000-40999 on every node of every cluster, and on 2.53 those servers bind with
+# SO_REUSEPORT (the option that should turn it off is passed as a string, which gRPC
+# ignores). A second Ray Serve on the same host then binds the same port without an error,
+# and the kernel hands half of HAProxy's connections to the other cluster's replica
+# (seen here: every call on one connection answered "model ... is not served"). So each
+# stack takes a block of ports nothing listens on yet.
+REPLICA_GRPC_PORTS = (40000, 50000)
+REPLICA_GRPC_BLOCK = 250
+
+
 def use_fast_ingress(settings: ServeSettings, files: Path | None = None) -> None:
     """Ask the Ray Serve started next in this process for ``FAST_INGRESS_ENV`` (variables
     the caller exported win) and the ingress's ports and limits of ``settings``; with
     ``files``, HAProxy's configuration and error pages go there (``infergate.serving.ingress``)."""
     _export_defaults(FAST_INGRESS_ENV)
+    if "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT" not in os.environ:
+        block = free_port_block(*REPLICA_GRPC_PORTS, REPLICA_GRPC_BLOCK)
+        os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT"] = str(block.start)
+        os.environ["RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"] = str(block.stop)  # exclusive
     if files is not None:
         os.environ["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"] = str(files / "haproxy.cfg")
     os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(settings.haproxy_stats_port)
