@@ -21,6 +21,7 @@ import yaml
 
 from infergate.config import PROJECT_ROOT, FrontendSettings, load_config
 from infergate.errors import InvalidConfig
+from infergate.stack.ray_start import grpc_message_limit
 from prometheus_server import PROMTOOL
 
 DEPLOYMENTS = PROJECT_ROOT / "deployments"
@@ -173,8 +174,8 @@ def test_published_host_ports_are_unique(compose):
     published = [p for service in compose["services"].values() for p in published_ports(service)]
     numbers = [port for _, port in published]
     assert len(numbers) == len(set(numbers)), sorted(numbers)
-    # Only the inference endpoint listens beyond the machine itself.
-    assert [p for p in published if p[0] != "127.0.0.1"] == [("0.0.0.0", 8000)]
+    # Only the inference endpoints (HTTP and gRPC) listen beyond the machine itself.
+    assert [p for p in published if p[0] != "127.0.0.1"] == [("0.0.0.0", 8000), ("0.0.0.0", 9000)]
 
 
 def test_volumes_configs_and_dependencies_are_declared(compose):
@@ -272,7 +273,15 @@ def test_serve_config_is_valid_and_matches_the_helm_chart(compose):
     config = config_content(compose, "serve")
     ServeDeploySchema.model_validate(config)
     (app,) = config["applications"]
-    (chart_app,) = helm_serve_config()["applications"]
+    chart_config = helm_serve_config()
+    (chart_app,) = chart_config["applications"]
+    # The gRPC ingress as the chart's, published, and its message limit as the local stack's.
+    assert config["grpc_options"] == chart_config["grpc_options"]
+    assert f"{config['grpc_options']['port']}:{config['grpc_options']['port']}" in (
+        compose["services"]["ray-head"]["ports"]
+    )
+    limit = grpc_message_limit(app["args"]["max_body_bytes"])
+    assert env_of(compose["services"]["ray-head"])["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"] == str(limit)
     for key in ("name", "import_path", "route_prefix"):
         assert app[key] == chart_app[key], key
     assert set(app["args"]) == set(chart_app["args"])

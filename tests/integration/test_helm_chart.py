@@ -353,20 +353,25 @@ def test_payload_log_values_reach_the_replicas_as_their_settings():
 
 
 def test_the_grpc_ingress_serves_the_open_inference_protocol_on_every_ray_pod():
-    from infergate.stack.ray_start import GRPC_SERVICER
+    from infergate.stack.ray_start import GRPC_SERVICER, grpc_message_limit
 
     manifests = render("defaults")
     options = serve_config(manifests)["grpc_options"]
     assert options == {"port": 9000, "grpc_servicer_functions": [GRPC_SERVICER]}
+    # A message larger than a REST body and its framing is refused before it is read.
+    limit = str(grpc_message_limit(frontend_app(manifests)["args"]["max_body_bytes"]))
     for template in ray_pod_templates(find(manifests, "RayService")):
-        ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
-        assert ports["grpc"] == 9000
+        (ray,) = template["spec"]["containers"]
+        assert {p["name"]: p["containerPort"] for p in ray["ports"]}["grpc"] == 9000
+        assert env_of(ray)["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"] == limit
     service = next(m for m in manifests if m["metadata"]["name"] == named("grpc"))
     assert service["spec"]["ports"] == [
         {"name": "grpc", "port": 9000, "targetPort": "grpc", "appProtocol": "grpc"}
     ]
     off = render({"frontend": {"grpcPort": 0}})
     assert "grpc_options" not in serve_config(off)
+    for template in ray_pod_templates(find(off, "RayService")):
+        assert "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE" not in env_of(template["spec"]["containers"][0])
     assert not [m for m in off if m["metadata"]["name"] == named("grpc")]
 
 

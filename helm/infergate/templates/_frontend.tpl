@@ -78,6 +78,12 @@ Environment of every Ray container.
   value: "false"
 {{- include "infergate.mlflowClientEnv" . | nindent 0 }}
 {{- include "infergate.apiKeysEnv" . | nindent 0 }}
+{{- if .Values.frontend.grpcPort }}
+# The largest gRPC message a replica reads: a REST body's limit and 64 KiB of framing
+# (infergate.stack.ray_start.grpc_message_limit); Ray Serve's own limit is 2 GiB.
+- name: RAY_SERVE_GRPC_MAX_MESSAGE_SIZE
+  value: {{ add .Values.frontend.maxBodyBytes 65536 | quote }}
+{{- end }}
 {{- if .Values.frontend.fastIngress }}
 # HAProxy ingress and throughput-optimised mode of Ray Serve.
 - name: RAY_SERVE_ENABLE_HA_PROXY
