@@ -150,7 +150,13 @@ class Registry:
                 dst_path=tmp,
                 tracking_uri=self.tracking_uri,
             )
-            Path(fetched).rename(target)
+            try:
+                Path(fetched).rename(target)
+            except OSError:
+                # A folder another process sharing ``dst`` (a replica or a batch actor of
+                # the same node) renamed into place first: theirs is as complete as ours.
+                if not target.exists():
+                    raise
         return target
 
     def load_spec(self, source: str, cache: Path) -> dict[str, Any]:

@@ -137,6 +137,10 @@ def test_a_parquet_job_answers_as_predict_resumes_and_is_recorded(stack, http, t
     assert run.data.params["input"] == str(source) and run.data.params["output"] == str(out)
     assert run.data.metrics["rows"] == 24 and run.data.metrics["errors"] == 0
     assert run.data.metrics["rows_per_s"] > 0 and run.data.metrics["duration_s"] > 0
+    # One Ray of its own on this machine: every part on its one node.
+    assert run.data.metrics["nodes"] == 1 and figures["nodes"] == 1
+    assert json.loads(run.data.tags["rows_by_node"]) == figures["rows_by_node"]
+    assert sum(figures["rows_by_node"].values()) == 24
 
 
 @pytest.mark.parametrize("args, message", [

@@ -190,6 +190,58 @@ def test_replicas_on_both_nodes_serve_what_the_control_plane_publishes(cluster, 
     assert response.headers["x-model-version"] == "1"
 
 
+def test_a_batch_job_on_the_cluster_runs_its_parts_on_both_nodes(cluster, stack, tmp_path):
+    """`infergate batch` with RAY_ADDRESS naming the cluster: its actors are sized from
+    each node's free CPUs (0.4 on each, beside a replica of 0.6), so one runs on each
+    node; every part is written, the rows by node (the job's figures and its MLflow run)
+    name both nodes, and the answers equal the online endpoint's."""
+    from mlflow import MlflowClient
+
+    texts = [f"{word} film number {i}" for i in range(24) for word in ("good", "bad")]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    out = tmp_path / "out"
+    env = {**cluster.env, "RAY_ADDRESS": cluster.gcs}
+    done = subprocess.run(
+        [str(BIN / "infergate"), "batch", MODEL, str(source), str(out), "--part-bytes", "400",
+         "--tracking-uri", stack.mlflow, "--state-dir", str(stack.state_dir)],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout.splitlines()[-1])
+    assert figures["rows"] == len(texts) and figures["errors"] == 0
+    assert figures["actors"] == 2 and figures["parts"] >= 4
+    nodes = sorted([cluster.host.gateway, cluster.host.address])
+    assert sorted(figures["rows_by_node"]) == nodes, figures
+    assert all(rows > 0 for rows in figures["rows_by_node"].values())
+    run = MlflowClient(stack.mlflow).get_run(figures["run_id"])
+    assert run.data.metrics["nodes"] == 2
+    assert json.loads(run.data.tags["rows_by_node"]) == figures["rows_by_node"]
+    rows = sorted(
+        (
+            json.loads(line)
+            for part in out.glob("part-*.jsonl")
+            for line in part.read_text().splitlines()
+        ),
+        key=lambda row: row["id"],
+    )
+    assert [row["text"] for row in rows] == texts
+    answers = []
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        for start in range(0, len(texts), 8):
+            online = http.post(
+                f"/v1/models/{MODEL}/predict", json={"inputs": texts[start : start + 8]}
+            )
+            assert online.status_code == 200, online.text
+            answers += online.json()["outputs"]
+    for row, answer in zip(rows, answers, strict=True):
+        for key, value in answer.items():
+            if isinstance(value, float):
+                assert abs(row[key] - value) < 2e-3, (key, row, answer)
+            else:
+                assert row[key] == value, (key, row, answer)
+
+
 def test_a_control_plane_restarted_mid_rollout_goes_on_with_it(stack):
     """`infergate up` is the control plane alone here, as in the chart. Killed (SIGKILL, as
     a lost pod) while an automatic rollout is at its first step, and started again: the

@@ -277,8 +277,9 @@ def test_serve_config_is_valid_and_matches_the_helm_chart(compose):
     (chart_app,) = chart_config["applications"]
     # The gRPC ingress as the chart's, published, and its message limit as the local stack's.
     assert config["grpc_options"] == chart_config["grpc_options"]
-    assert f"{config['grpc_options']['port']}:{config['grpc_options']['port']}" in (
-        compose["services"]["ray-head"]["ports"]
+    assert (
+        f"{config['grpc_options']['port']}:{config['grpc_options']['port']}"
+        in (compose["services"]["ray-head"]["ports"])
     )
     limit = grpc_message_limit(app["args"]["max_body_bytes"])
     assert env_of(compose["services"]["ray-head"])["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"] == str(limit)

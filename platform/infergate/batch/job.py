@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from infergate.registry import Registry
 
 log = logging.getLogger(__name__)
+ACTORS_START_TIMEOUT_S = 600
 WORKER_ENV = {
     # The actors' downloads of the version's files: no progress bars between our lines.
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
@@ -87,23 +89,37 @@ def prepare(options: JobOptions, registry: Registry) -> Planned:
     return Planned(served, input_format, output_format, parts, todo)
 
 
-def actors_for(free: dict[str, float], parts: int, wanted: int | None) -> tuple[int, float, bool]:
-    """``(actors, CPUs per actor, on GPUs)`` for a cluster with ``free`` resources
-    (``ray.available_resources()``: a shared cluster's serving replicas keep theirs): one
-    actor per free GPU where there are any, else one per free CPU, never more than there
-    are parts (or ``wanted`` when given). Less than a CPU free: one actor on that share."""
-    gpus = int(free.get("GPU", 0))
-    cpus = float(free.get("CPU", 0.0))
-    if cpus <= 0 and not gpus:
+def actors_for(
+    free_by_node: Sequence[Mapping[str, float]], parts: int, wanted: int | None
+) -> tuple[int, float, bool]:
+    """``(actors, CPUs per actor, on GPUs)`` for a cluster whose live nodes have
+    ``free_by_node`` resources free (a shared cluster's serving replicas keep theirs).
+
+    With GPUs: one actor per free GPU. Else actors of one CPU, as many as the nodes hold
+    whole CPUs; where no node has a whole CPU free, actors of the smallest free share, one
+    per such share on each node. An actor fits on one node, so the count comes from each
+    node's free CPUs, not their sum (two nodes with 0.4 free each take two actors of 0.4,
+    never one of 0.8). Never more actors than parts (or ``wanted`` when given); with fewer
+    actors than places, each takes whole multiples of the share while all still fit.
+    """
+    gpus = sum(int(node.get("GPU", 0)) for node in free_by_node)
+    frees = [float(node.get("CPU", 0.0)) for node in free_by_node]
+    frees = [cpus for cpus in frees if cpus > 0]
+    if not frees and not gpus:
         raise BatchError("the Ray cluster has no free CPU or GPU for the job's actors")
     if gpus:
         actors = max(1, min(wanted or gpus, parts))
-        return actors, max(cpus // actors, 0.0) or 0.0, True
-    if cpus < 1:
-        return 1, cpus, False
-    actors = max(1, min(wanted or int(cpus), parts))
-    # Fewer parts than CPUs: each actor's model gets the CPUs left over.
-    return actors, float(max(1, int(cpus) // actors)), False
+        return actors, max(sum(frees) // actors, 0.0) or 0.0, True
+    unit = 1.0 if max(frees) >= 1 else min(frees)
+
+    def places(share: float) -> int:
+        return sum(int(cpus / share + 1e-6) for cpus in frees)
+
+    actors = max(1, min(wanted or places(unit), parts, places(unit)))
+    share = unit
+    while places(share + unit) >= actors:
+        share += unit
+    return actors, round(share, 4), False
 
 
 class Progress:
@@ -194,7 +210,12 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # ours says rows/s and the time left
         ctx.print_on_execution_start = False
-        free = ray.available_resources()
+        # Parts go out once the whole pool has loaded the version: an actor that starts
+        # first would otherwise queue up every part while the others still load (seen
+        # on a two-node cluster: all five parts on one node). A cluster that cannot place
+        # the pool fails the job after this long, instead of it waiting for ever.
+        ctx.wait_for_min_actors_s = ACTORS_START_TIMEOUT_S
+        free = list(ray._private.state.available_resources_per_node().values())
         actors, cpus, gpu = actors_for(free, len(planned.todo), options.concurrency)
         each = f"{cpus:g} CPUs each" + (", one GPU each" if gpu else "")
         say(f"{len(planned.todo)} parts to do on {actors} actors, {each}")
@@ -217,7 +238,9 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
             PartRunner,
             fn_constructor_kwargs={"spec": spec},
             batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=actors),
+            # A part is seconds of work: one at a time per actor, so none waits queued
+            # behind a busy actor while another is free.
+            compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1),
             num_cpus=cpus,
             num_gpus=1 if gpu else 0,
         )
@@ -226,8 +249,11 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
             progress.stream = open(os.devnull, "w")  # noqa: SIM115
         failed = 0
         busy_s = 0.0  # the actors' seconds in parts, model loading aside
-        for row in dataset.iter_rows():
+        rows_by_node: dict[str, int] = {}  # where the parts ran: the node's address
+        rows = dataset.iter_rows()
+        for row in _started(rows, actors, each):
             busy_s += float(row["seconds"])
+            rows_by_node[row["node"]] = rows_by_node.get(row["node"], 0) + int(row["rows"])
             if row["failure"]:
                 failed += 1
                 print(f"part {row['part']} failed: {row['failure']}", file=sys.stderr, flush=True)
@@ -237,8 +263,24 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
             "errors": progress.errors,
             "parts_failed": failed,
             "actors": actors,
+            "nodes": len(rows_by_node),
+            "rows_by_node": dict(sorted(rows_by_node.items())),
             # What the actors did once loaded: rows per second of part time, times actors.
             "busy_rows_per_s": progress.rows * actors / busy_s if busy_s else 0.0,
         }
     finally:
         ray.shutdown()
+
+
+def _started(rows: Iterator[dict[str, Any]], actors: int, each: str) -> Iterator[dict[str, Any]]:
+    """``rows``, with Ray Data's timeout for starting the actor pool as a BatchError."""
+    import ray
+
+    try:
+        yield from rows
+    except ray.exceptions.GetTimeoutError:
+        raise BatchError(
+            f"the Ray cluster did not start the job's {actors} actors ({each}) within "
+            f"{ACTORS_START_TIMEOUT_S} s: too few free resources, or loading the version "
+            "failed on the nodes (see Ray's logs); set --concurrency to ask for fewer"
+        ) from None

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from infergate.batch.options import JobOptions
@@ -21,6 +22,7 @@ METRICS = (
     "parts",
     "parts_failed",
     "actors",
+    "nodes",
 )
 
 
@@ -62,4 +64,6 @@ class JobRecord:
         for key in METRICS:
             if key in values:
                 self.client.log_metric(self.run_id, key, float(values[key]))
+        if "rows_by_node" in values:  # where the actors ran: {node address: rows}
+            self.client.set_tag(self.run_id, "rows_by_node", json.dumps(values["rows_by_node"]))
         self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")

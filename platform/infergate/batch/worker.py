@@ -55,6 +55,13 @@ class WorkerSpec:
     )
 
 
+def node_address() -> str:
+    """The address of the Ray node this actor runs on ("local" outside Ray)."""
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "local"
+
+
 class PartRunner:
     """One actor: the version loaded, then parts in turn."""
 
@@ -72,10 +79,11 @@ class PartRunner:
         self.loop = asyncio.new_event_loop()
         self.input_fs, _ = filesystem(spec.input)
         self.fs, self.output = filesystem(spec.output)
+        self.node = node_address()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         figures: dict[str, list[Any]] = {
-            "part": [], "rows": [], "errors": [], "seconds": [], "failure": []
+            "part": [], "rows": [], "errors": [], "seconds": [], "failure": [], "node": []
         }  # fmt: skip
         for text in batch["part"]:
             part = Part.from_json(str(text))
@@ -91,6 +99,7 @@ class PartRunner:
             figures["errors"].append(errors)
             figures["seconds"].append(time.perf_counter() - start)
             figures["failure"].append(failure)
+            figures["node"].append(self.node)
         return figures
 
     def run_part(self, part: Part) -> tuple[int, int]:

@@ -101,16 +101,23 @@ def test_parameters_of_another_task_are_refused():
 
 
 @pytest.mark.parametrize("free, parts, wanted, expected", [
-    ({"CPU": 2.0}, 10, None, (2, 1.0, False)),
-    ({"CPU": 8.0}, 2, None, (2, 4.0, False)),
-    ({"CPU": 8.0, "GPU": 2.0}, 10, None, (2, 4.0, True)),
-    ({"CPU": 4.0}, 10, 1, (1, 4.0, False)),
-    ({"CPU": 0.5}, 3, None, (1, 0.5, False)),  # a serving cluster's replicas keep theirs
+    ([{"CPU": 2.0}], 10, None, (2, 1.0, False)),
+    ([{"CPU": 8.0}], 2, None, (2, 4.0, False)),
+    ([{"CPU": 8.0, "GPU": 2.0}], 10, None, (2, 4.0, True)),
+    ([{"CPU": 4.0}], 10, 1, (1, 4.0, False)),
+    ([{"CPU": 0.5}], 3, None, (1, 0.5, False)),  # a serving cluster's replicas keep theirs
+    # Each actor on one node: two nodes with 0.4 free take two of 0.4, not one of 0.8.
+    ([{"CPU": 0.4}, {"CPU": 0.4}], 5, None, (2, 0.4, False)),
+    ([{"CPU": 1.4}, {"CPU": 0.4}], 5, None, (1, 1.0, False)),
+    ([{"CPU": 3.0}, {"CPU": 1.0}], 2, None, (2, 1.0, False)),  # 2 CPUs each would not fit
+    ([{"CPU": 4.0}, {"CPU": 4.0}], 2, None, (2, 4.0, False)),
+    ([{"CPU": 2.0}], 10, 6, (2, 1.0, False)),  # never more than fit
+    ([{"CPU": 4.0, "GPU": 1.0}, {"GPU": 1.0}], 10, None, (2, 2.0, True)),
 ])  # fmt: skip
-def test_actors_are_sized_from_the_free_resources(free, parts, wanted, expected):
+def test_actors_are_sized_from_each_nodes_free_resources(free, parts, wanted, expected):
     assert actors_for(free, parts, wanted) == expected
 
 
 def test_no_free_cpu_is_a_clear_error():
     with pytest.raises(BatchError, match="no free CPU or GPU"):
-        actors_for({"CPU": 0.0}, 3, None)
+        actors_for([{"CPU": 0.0}, {}], 3, None)

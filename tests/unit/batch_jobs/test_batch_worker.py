@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from infergate.batch.files import Part, filesystem
-from infergate.batch.worker import PartRunner, WorkerSpec
+from infergate.batch.worker import PartRunner, WorkerSpec, node_address
 from infergate.errors import InvalidInput
 from infergate.protocols.wire import Limits
 from infergate.tasks import get
@@ -60,6 +60,7 @@ def runner(tmp_path, runtime, loops, **kw) -> PartRunner:
     loops.append(worker.loop)
     worker.input_fs, _ = filesystem(spec.input)
     worker.fs, worker.output = filesystem(spec.output)
+    worker.node = node_address()
     return worker
 
 
@@ -74,6 +75,7 @@ def test_a_part_with_bad_rows_and_a_failing_row_is_written_whole(tmp_path, loops
     part = Part(0, str(source), "jsonl", start=0, stop=source.stat().st_size)
     figures = worker({"part": [part.to_json()]})
     assert figures["rows"] == [8] and figures["errors"] == [6] and figures["failure"] == [""]
+    assert figures["node"] == ["local"]  # outside Ray
     lines = (tmp_path / "out" / "part-00000.jsonl").read_text().splitlines()
     written = [json.loads(line) for line in lines]
     assert [(r.get("text"), r["score"], r["version"]) for r in written] == [
