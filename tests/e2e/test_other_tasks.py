@@ -6,6 +6,7 @@ of these tasks work."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from conftest import (
     Stack,
     clone_version,
     readme_curl_commands,
+    run_batch,
     wait_for,
 )
 from mlflow import MlflowClient
@@ -190,3 +192,30 @@ def test_the_readme_examples_of_these_tasks_work(stack, http):
             [*shlex.split(command), "--fail-with-body"], capture_output=True, text=True, timeout=60
         )
         assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+
+
+def test_a_reranker_batch_job_scores_each_row_against_its_own_query(stack, http, tmp_path):
+    """`infergate batch rerank ... --query-column query`: each row's text scored against
+    its own row's query, as /rerank scores it against that query."""
+    queries = (QUERY, "where to eat tonight")
+    rows = [{"id": i, "query": q, "text": t} for i, (q, t) in
+            enumerate((q, t) for q in queries for t in TEXTS)]  # fmt: skip
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "scored"
+    done = run_batch(stack, "rerank", str(source), str(out), "--query-column", "query")
+    assert done.returncode == 0, done.stderr[-3000:]
+    scored = sorted(
+        (json.loads(line) for part in sorted(out.glob("part-*.jsonl"))
+         for line in part.read_text().splitlines()),
+        key=lambda row: row["id"],
+    )  # fmt: skip
+    assert [(row["query"], row["text"], row["error"]) for row in scored] == [
+        (row["query"], row["text"], None) for row in rows
+    ]
+    for query in queries:
+        reply = http.post("/v1/models/rerank/rerank", json={"query": query, "texts": TEXTS})
+        assert reply.status_code == 200, reply.text
+        online = {r["index"]: r["score"] for r in reply.json()["results"]}
+        ours = [row["score"] for row in scored if row["query"] == query]
+        np.testing.assert_allclose(ours, [online[i] for i in range(len(TEXTS))], atol=2e-3)
