@@ -5,7 +5,8 @@ TEI's routes: ``POST /`` (the route of the model's task, as TEI's own root), ``/
 ``/embed_sparse``, ``/embed_all``, ``/predict``, ``/rerank``, ``/similarity``,
 ``/tokenize``, ``/decode``, and ``GET /info``, ``/health`` and ``/metrics``
 (``tei_routes`` holds the handlers). Clients written for TEI,
-``huggingface_hub.InferenceClient(base_url=".../tei/embed")`` among them, work unchanged. The reference is TEI's OpenAPI document
+``huggingface_hub.InferenceClient(base_url=".../tei/embed")`` among them, work unchanged.
+The reference is TEI's OpenAPI document
 (https://huggingface.github.io/text-embeddings-inference/).
 
 This module turns the request bodies (``tei_bodies``) into what the inference path
@@ -66,8 +67,7 @@ def parse_embed(body: bytes, limits: Limits) -> PredictRequest:
     texts = request.inputs if isinstance(request.inputs, list) else [request.inputs]
     return _request(
         texts, _options(request.prompt_name, request.truncation_direction), route="embed",
-        normalize=request.normalize,
-        dimensions=request.dimensions, truncate=request.truncate,
+        normalize=request.normalize, dimensions=request.dimensions, truncate=request.truncate,
     )  # fmt: skip
 
 
