@@ -245,7 +245,8 @@ class FrontendSettings(Frozen):
         None,
         description="Prometheus's /federate URL, where GET /tei/{model}/metrics reads the "
         "model's infergate_ series (every replica's, as Prometheus last scraped them). The "
-        "local stack sets its own Prometheus's; unset elsewhere: that route answers 404.",
+        "local stack, the Helm chart and the Compose file set their Prometheus's; unset: "
+        "that route answers 404.",
     )
     payloads: PayloadSettings = PayloadSettings()
 
