@@ -244,9 +244,8 @@ class FrontendSettings(Frozen):
     metrics_federate_url: str | None = Field(
         None,
         description="Prometheus's /federate URL, where GET /tei/{model}/metrics reads the "
-        "model's infergate_ series (every replica's, as Prometheus last scraped them). The "
-        "local stack, the Helm chart and the Compose file set their Prometheus's; unset: "
-        "that route answers 404.",
+        "model's infergate_ series as last scraped (the local stack, chart and Compose file "
+        "set theirs); unset: that route answers 404.",
     )
     payloads: PayloadSettings = PayloadSettings()
 
