@@ -198,7 +198,9 @@ TEI_EMBED = _tei_operation("Embeddings (feature-extraction)", TeiEmbedBody, _VEC
 TEI_EMBED_SPARSE = _tei_operation(
     "Sparse embeddings (sparse-embedding)", TeiSparseBody, _array(_ref(TeiSparseValue), 2)
 )
-TEI_PREDICT = _tei_operation("Labels, best first (text-classification)", TeiPredictBody, _LABELS)
+TEI_PREDICT = _tei_operation(
+    "Labels, best first (text-classification; pairs: text-ranking)", TeiPredictBody, _LABELS
+)
 TEI_RERANK = _tei_operation(
     "Texts ranked against a query (text-ranking)", TeiModelRerankBody, _array(_ref(RerankResult))
 )
