@@ -90,6 +90,7 @@ class Recorder:
     def __init__(self, keep: Callable[[str, str, int], object] = _model_version_status) -> None:
         self.keep = keep
         self.requests: list[Any] = []
+        self.predictions: list[Prediction | None] = []  # each request's, in order
         self.callers: list[tuple[str, str, int]] = []
         self.drifts: list[dict[tuple[str, str], float]] = []
         self.weights: list[tuple[str, str, str, float]] = []
@@ -100,6 +101,7 @@ class Recorder:
         self, model: str, version: str, status: int, prediction: Prediction | None, total_s: float
     ) -> None:
         self.requests.append(self.keep(model, version, status))
+        self.predictions.append(prediction)
 
     def caller(self, key: str, model: str, status: int) -> None:
         self.callers.append((key, model, status))

@@ -18,9 +18,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 from conftest import Stack, predict, wait_for
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
+from tritonclient.utils import InferenceServerException
 
 from readme_blocks import bash_commands, readme_blocks
 from tiny_models import tiny_bert
@@ -263,3 +265,96 @@ def test_an_unknown_prompt_name_is_refused_on_every_protocol(stack, http):
     with pytest.raises(HfHubHTTPError) as refused:
         tei(stack, PROMPTED).feature_extraction("a", prompt_name="nope")
     assert refused.value.response.status_code == 422
+
+
+# -- the end of a long text, pairs, /embed_all, /health, /metrics ----------------------------
+
+
+def test_left_truncation_keeps_the_end_of_a_long_text(stack, http):
+    limit = http.get("/tei/embed/info").json()["max_input_length"]
+    tail = "A man is playing a guitar on the stage tonight."
+    bare = {"inputs": tail, "add_special_tokens": False}
+    tail_tokens = len(http.post("/tei/embed/tokenize", json=bare).json()[0])
+    # What the model sees of a long text cut at the left: as many "hello"s as fit, then tail.
+    kept_end = "hello " * (limit - 2 - tail_tokens) + tail
+    kept_start = "hello " * (limit - 2)
+    long = "hello " * (2 * limit) + tail
+    client = tei(stack, "embed")
+    left = client.feature_extraction(long, truncation_direction="left")
+    expected_end = predict(http, "embed", kept_end).json()["outputs"]
+    np.testing.assert_allclose(left, expected_end, atol=1e-5)
+    right = client.feature_extraction(long)
+    np.testing.assert_allclose(right, predict(http, "embed", kept_start).json()["outputs"],
+                               atol=1e-5)  # fmt: skip
+    assert not np.allclose(left, right, atol=1e-3)  # the two ends are different texts
+    # TEI's own spelling, on /embed_sparse too; and the next request is cut at the right.
+    sparse = http.post("/tei/tei-splade/embed_sparse",
+                       json={"inputs": "the food " * 300 + TINY_TEXTS[0],
+                             "truncation_direction": "Left"})  # fmt: skip
+    assert sparse.status_code == 200, sparse.text
+    np.testing.assert_allclose(client.feature_extraction(long), right, atol=1e-6)
+
+
+def test_pairs_on_predict_score_as_rerank_does(http):
+    query, texts = "the film", ["i love this film", "the food was bad"]
+    ranked = http.post("/tei/tei-rerank/rerank", json={"query": query, "texts": texts}).json()
+    scores = {r["index"]: r["score"] for r in ranked}
+    pairs = http.post("/tei/tei-rerank/predict", json={"inputs": [[query, t] for t in texts]})
+    assert pairs.status_code == 200, pairs.text
+    for index, labels in enumerate(pairs.json()):
+        assert [item["label"] for item in labels] == ["LABEL_0"]
+        assert labels[0]["score"] == pytest.approx(scores[index], abs=1e-6)
+    one = http.post("/tei/tei-rerank/predict", json={"inputs": [query, texts[0]]}).json()
+    assert one == pairs.json()[0]
+    refused = http.post("/tei/sentiment/predict", json={"inputs": [["a", "b"]]})
+    assert refused.status_code == 422 and refused.json()["error_type"] == "validation"
+    assert "which reads one text" in refused.json()["error"]
+
+
+def test_embed_all_is_refused_with_teis_424_saying_why(http):
+    refused = http.post("/tei/embed/embed_all", json={"inputs": "What is Deep Learning?"})
+    assert refused.status_code == 424
+    assert refused.json()["error_type"] == "backend"
+    assert "pools the tokens inside (mean pooling)" in refused.json()["error"]
+
+
+def test_health_and_metrics_under_the_base_url(http):
+    health = http.get("/tei/embed/health")
+    assert health.status_code == 200 and health.content == b""
+    assert http.get("/tei/no-such-model/health").status_code == 404
+    for _ in range(3):
+        assert http.post("/tei/embed/embed", json={"inputs": "counted"}).status_code == 200
+
+    def requests_counted() -> list[str]:
+        reply = http.get("/tei/embed/metrics")
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["content-type"].startswith("text/plain")
+        lines = [line for line in reply.text.splitlines() if not line.startswith("#")]
+        counted = [line for line in lines if line.startswith("infergate_requests_total{")]
+        return lines if counted else []
+
+    # The replicas hand Ray their totals each second and Prometheus scrapes every 5 s.
+    lines = wait_for(requests_counted, 60, "the model's requests in /tei/embed/metrics", 1.0)
+    assert all('model="embed"' in line for line in lines), lines[:5]
+    assert any(line.startswith("infergate_request_duration_seconds_bucket{") for line in lines)
+
+
+def test_v2_takes_a_prompt_name_over_rest_and_grpc(stack, http):
+    tensor = {"name": "text", "shape": [len(TINY_TEXTS)], "datatype": "BYTES",
+              "data": TINY_TEXTS}  # fmt: skip
+    body = {"inputs": [tensor], "parameters": {"prompt_name": "title"}}
+    reply = http.post(f"/v2/models/{PROMPTED}/infer", json=body)
+    assert reply.status_code == 200, reply.text
+    (output,) = reply.json()["outputs"]
+    expected = embed(http, TINY_TEXTS, "title")
+    np.testing.assert_allclose(np.reshape(output["data"], output["shape"]), expected, atol=1e-6)
+    text = triton_grpc.InferInput("text", [len(TINY_TEXTS)], "BYTES")
+    text.set_data_from_numpy(np.array(TINY_TEXTS, dtype=object))
+    url = f"127.0.0.1:{stack.env['INFERGATE_FRONTEND__GRPC_PORT']}"
+    with triton_grpc.InferenceServerClient(url=url) as client:
+        result = client.infer(PROMPTED, [text], parameters={"prompt_name": "title"})
+        np.testing.assert_allclose(result.as_numpy("embedding"), expected, atol=1e-6)
+        with pytest.raises(InferenceServerException, match="no prompt called 'nope'"):
+            client.infer(PROMPTED, [text], parameters={"prompt_name": "nope"})
+    unknown = {"inputs": [tensor], "parameters": {"prompt_name": "nope"}}
+    assert http.post(f"/v2/models/{PROMPTED}/infer", json=unknown).status_code == 422

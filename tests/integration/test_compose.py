@@ -297,6 +297,7 @@ def test_serve_config_is_valid_and_matches_the_helm_chart(compose):
     services = compose["services"]
     assert args["triton_grpc_url"].split(":")[0] in services
     assert urlsplit(args["tracking_uri"]).hostname in services
+    assert urlsplit(args["metrics_federate_url"]).hostname in services
     # The control plane publishes traffic tables into the Ray cluster as a Ray client.
     ray_address = services["control-plane"]["environment"]["RAY_ADDRESS"]
     assert urlsplit(ray_address).hostname == "ray-head"

@@ -330,6 +330,15 @@ def test_builder_args_are_frontend_settings():
     assert settings.tracking_uri == f"http://{named('mlflow')}:5000"
 
 
+def test_teis_metrics_route_reads_the_charts_prometheus():
+    args = frontend_app(render("defaults"))["args"]
+    assert args["metrics_federate_url"] == f"http://{named('prometheus')}:9090/federate"
+    service = find(render("defaults"), "Service", named("prometheus"))
+    assert service["spec"]["ports"][0]["port"] == 9090
+    off = frontend_app(render({"prometheus": {"enabled": False}, "grafana": {"enabled": False}}))
+    assert "metrics_federate_url" not in off["args"]
+
+
 def test_payload_log_values_reach_the_replicas_as_their_settings():
     from infergate.config import PayloadSettings
 

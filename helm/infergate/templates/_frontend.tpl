@@ -35,6 +35,10 @@ applications:
       batch_max_in_flight: {{ $fe.batchMaxInFlight }}
       batch_full_calls_ahead: {{ $fe.batchFullCallsAhead }}
       tracking_uri: {{ include "infergate.mlflowUrl" . | quote }}
+      {{- if .Values.prometheus.enabled }}
+      # GET /tei/{model}/metrics: the model's series, federated by this chart's Prometheus.
+      metrics_federate_url: {{ printf "http://%s:9090/federate" (include "infergate.prometheusName" .) | quote }}
+      {{- end }}
       artifact_cache_dir: /tmp/infergate/artifacts
       {{- if $fe.apiKeys.enabled }}
       # Mounted from the API keys Secret on every Ray pod (infergate.apiKeysVolume).

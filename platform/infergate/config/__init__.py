@@ -241,6 +241,12 @@ class FrontendSettings(Frozen):
         "and wait for it. Set by the stack from triton.max_loaded_versions and "
         "triton.idle_unload_s.",
     )
+    metrics_federate_url: str | None = Field(
+        None,
+        description="Prometheus's /federate URL, where GET /tei/{model}/metrics reads the "
+        "model's infergate_ series as last scraped (the local stack, chart and Compose file "
+        "set theirs); unset: that route answers 404.",
+    )
     payloads: PayloadSettings = PayloadSettings()
 
 
@@ -356,6 +362,12 @@ class StackConfig(Frozen):
                 "load_on_demand": self.triton.loads_on_demand,
                 "artifact_cache_dir": self.state_dir / "artifacts",
                 "payloads": self.frontend.payloads.model_copy(update={"url": self.payload_url}),
+                "metrics_federate_url": self.frontend.metrics_federate_url
+                or (
+                    f"http://127.0.0.1:{self.prometheus.port}/federate"
+                    if self.prometheus.enabled
+                    else None
+                ),
             }
         )
 

@@ -12,21 +12,21 @@ carries (``infergate.http``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from infergate import tasks
 from infergate.config import FrontendSettings
 from infergate.errors import InfergateError
 from infergate.http import SlowUploads, answer, error_response, json_response, read_body
 from infergate.observe.monitor import Monitors
 from infergate.observe.telemetry import Telemetry
-from infergate.protocols import kserve_v2, openai_api, openapi, tei, tei_answers, tei_bodies
+from infergate.protocols import kserve_v2, openai_api, openapi, tei_answers
 from infergate.protocols import rerank as rerank_api
 from infergate.protocols.routes import Route, Routes
+from infergate.protocols.tei_routes import TeiHandlers
 from infergate.protocols.wire import (
     Answer,
     Check,
@@ -42,11 +42,10 @@ from infergate.serving.batching import Backend
 from infergate.serving.inference import InferencePath, Probe
 from infergate.serving.mirror import Mirror
 from infergate.serving.routing import ServedModel
-from infergate.serving.runtime import ModelRuntime
 from infergate.serving.warming import Warmer
 
 
-class Frontend:
+class Frontend(TeiHandlers):
     """Routes requests to handlers; holds the served models of this replica."""
 
     def __init__(
@@ -141,62 +140,6 @@ class Frontend:
             openai_api.render_embeddings,
             check=openai_api.refuse_unless_embeddings,
         )
-
-    # -- Text Embeddings Inference's API under /tei/{name} (infergate.protocols.tei) --
-
-    async def _tei_root(self, request: Request, name: str) -> Response:
-        """TEI's ``POST /``: the route of the model's task."""
-        served = self.models.get(name)
-        route = tasks.get(served.task).tei_route if served is not None else None
-        return await self._tei(request, name, route or "embed", tei.ROOT_PARSERS)
-
-    async def _tei_embed(self, request: Request, name: str) -> Response:
-        return await self._tei(request, name, "embed")
-
-    async def _tei_embed_sparse(self, request: Request, name: str) -> Response:
-        return await self._tei(request, name, "embed_sparse")
-
-    async def _tei_predict(self, request: Request, name: str) -> Response:
-        return await self._tei(request, name, "predict")
-
-    async def _tei_rerank(self, request: Request, name: str) -> Response:
-        return await self._tei(request, name, "rerank")
-
-    async def _tei_similarity(self, request: Request, name: str) -> Response:
-        return await self._tei(request, name, "similarity")
-
-    async def _tei(
-        self, request: Request, name: str, route: str, parsers: Mapping[str, Parse] = tei.PARSERS
-    ) -> Response:
-        return await self.serve_inference(
-            request, name, parsers[route], tei_answers.render,
-            check=tei_answers.refuse_unless(route),
-        )  # fmt: skip
-
-    async def _tei_tokenize(self, request: Request, name: str) -> Response:
-        runtime = self._tei_version(request, name)
-        asked = tei_bodies.TokenizeBody.parse(await self._json_body(request), self.limits)
-        texts = asked.inputs if isinstance(asked.inputs, list) else [asked.inputs]
-        self.access.admit(_caller(request), len(texts))
-        tokens = tei_answers.tokenize(runtime, texts, asked.add_special_tokens, asked.prompt_name)
-        return json_response(tokens)
-
-    async def _tei_decode(self, request: Request, name: str) -> Response:
-        runtime = self._tei_version(request, name)
-        asked = tei_bodies.DecodeBody.parse(await self._json_body(request), self.limits)
-        self.access.admit(_caller(request), 1)
-        texts = tei_answers.decode(runtime.tokenizer, asked.ids, asked.skip_special_tokens)
-        return json_response(texts)
-
-    async def _tei_info(self, request: Request, name: str) -> Response:
-        model = self.model_for(request, name)
-        return json_response(tei_answers.info(model, self._tei_version(request, name), self.limits))
-
-    def _tei_version(self, request: Request, name: str) -> ModelRuntime:
-        """The version a request to model ``name`` would reach (tokenize, decode, info)."""
-        model = self.model_for(request, name)
-        headers = request.headers
-        return model.pick(headers.get("x-routing-key"), headers.get("x-model-version"))
 
     async def _json_body(self, request: Request) -> bytes:
         check_content_type(request.headers.get("content-type"))
@@ -367,6 +310,12 @@ ROUTES = Routes(
     Route("POST", "/tei/{name}/decode", "_tei_decode", tei_answers.error_body,
           doc=openapi.TEI_DECODE),
     Route("GET", "/tei/{name}/info", "_tei_info", tei_answers.error_body, doc=openapi.TEI_INFO),
+    Route("POST", "/tei/{name}/embed_all", "_tei_embed_all", tei_answers.error_body,
+          doc=openapi.TEI_EMBED_ALL),
+    Route("GET", "/tei/{name}/health", "_tei_health", tei_answers.error_body,
+          doc=openapi.TEI_HEALTH),
+    Route("GET", "/tei/{name}/metrics", "_tei_metrics", tei_answers.error_body,
+          doc=openapi.TEI_METRICS),
     # KServe V2 (Open Inference Protocol), for tritonclient.http and KServe's clients.
     Route("POST", "/v2/models/{name}/infer", "_v2_infer", doc=openapi.V2_INFER),
     Route("POST", "/v2/models/{name}/versions/{version}/infer", "_v2_infer",

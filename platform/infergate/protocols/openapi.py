@@ -39,6 +39,7 @@ from infergate.protocols.schemas import (
 )
 from infergate.protocols.tei_bodies import (
     DecodeBody,
+    TeiEmbedAllBody,
     TeiEmbedBody,
     TeiModelRerankBody,
     TeiPredictBody,
@@ -197,7 +198,9 @@ TEI_EMBED = _tei_operation("Embeddings (feature-extraction)", TeiEmbedBody, _VEC
 TEI_EMBED_SPARSE = _tei_operation(
     "Sparse embeddings (sparse-embedding)", TeiSparseBody, _array(_ref(TeiSparseValue), 2)
 )
-TEI_PREDICT = _tei_operation("Labels, best first (text-classification)", TeiPredictBody, _LABELS)
+TEI_PREDICT = _tei_operation(
+    "Labels, best first (text-classification; pairs: text-ranking)", TeiPredictBody, _LABELS
+)
 TEI_RERANK = _tei_operation(
     "Texts ranked against a query (text-ranking)", TeiModelRerankBody, _array(_ref(RerankResult))
 )
@@ -209,6 +212,31 @@ TEI_SIMILARITY = _tei_operation(
 TEI_TOKENIZE = _tei_operation("Tokens", TokenizeBody, _array(_ref(TeiToken), 2), errors=False)
 TEI_DECODE = _tei_operation("Token ids to text", DecodeBody, _array({"type": "string"}), False)
 TEI_INFO = _tei_operation("The model", None, _ref(TeiInfo), errors=False)
+TEI_EMBED_ALL = _tei_operation(
+    "Per-token embeddings: refused (424), as no served graph gives them out",
+    TeiEmbedAllBody,
+    _array({"type": "number"}, 3),
+)
+TEI_HEALTH = {
+    "summary": "200 when every served version of the model answers, else 503",
+    "tags": ["Text Embeddings Inference"],
+    "responses": {
+        "200": {"description": "The model answers"},
+        "503": _json(TeiErrorBody, "A version of the model does not answer"),
+    },
+}
+TEI_METRICS = {
+    "summary": "The model's infergate_ series, from the platform's Prometheus",
+    "tags": ["Text Embeddings Inference"],
+    "responses": {
+        "200": {
+            "description": "Prometheus's text format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
+        "404": _json(TeiErrorBody, "Unknown model, or no Prometheus configured"),
+        "503": _json(TeiErrorBody, "Prometheus did not answer"),
+    },
+}
 
 _V2_NOT_FOUND = {"404": _json(ErrorBody, "Unknown model or version")}
 _V2_INFER_ERRORS = {
@@ -314,6 +342,7 @@ _MODELS: dict[str, type[BaseModel]] = {
         V2InferRequest,
         TeiEmbedBody,
         TeiSparseBody,
+        TeiEmbedAllBody,
         TeiPredictBody,
         TeiModelRerankBody,
         TeiSimilarityBody,

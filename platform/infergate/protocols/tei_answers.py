@@ -60,7 +60,9 @@ def refuse_unless(route: str) -> Callable[[PredictRequest, ModelRuntime], None]:
 
     def check(request: PredictRequest, runtime: ModelRuntime) -> None:
         task = runtime.task
-        if task.tei_route != serving:
+        if request.extra.get("pairs"):
+            _refuse_unless_pairs(runtime)
+        elif task.tei_route != serving:
             tasks = " or ".join(t.name for t in TASKS.values() if t.tei_route == serving)
             raise WrongTask(
                 f"model {runtime.served.name!r} is a {task.name} model; /{route} needs a "
@@ -76,6 +78,37 @@ def refuse_unless(route: str) -> Callable[[PredictRequest, ModelRuntime], None]:
             )
 
     return check
+
+
+def _refuse_unless_pairs(runtime: ModelRuntime) -> None:
+    """Text pairs on ``/predict`` are for a model that reads pairs (a cross-encoder); a
+    classifier here reads one text, its graph numbering every token as the first text's."""
+    task = runtime.task
+    if not task.pairs:
+        readers = " or ".join(t.name for t in TASKS.values() if t.pairs)
+        raise InvalidInput(
+            f"model {runtime.served.name!r} is a {task.name} model, which reads one text; "
+            f"text pairs need a {readers} model (a cross-encoder); send one text, or a "
+            'batch of one-text lists: [["t1"], ["t2"]]',
+            param="inputs",
+        )
+
+
+def refuse_embed_all(request: PredictRequest, runtime: ModelRuntime) -> None:
+    """``/embed_all`` (one vector per token) cannot be answered truthfully: every served
+    graph ends with its task's head (``infergate.tasks.heads``), so the token vectors
+    never leave Triton. Refused as TEI refuses a model that lacks them, after the body
+    and the model were checked."""
+    task, name = runtime.task, runtime.served.name
+    if task.tei_route == "embed":
+        why = (
+            f"its served graph pools the tokens inside ({POOLING.get(task.head, task.head)} "
+            "pooling), so per-token embeddings are not among its outputs; /embed answers "
+            "the pooled vector"
+        )
+    else:
+        why = f"a {task.name} model answers no embeddings"
+    raise WrongTask(f"model {name!r} cannot answer /embed_all: {why}")
 
 
 def _refuse_truncated(answer: Answer) -> None:
@@ -124,11 +157,20 @@ def render_predict(answer: Answer) -> list[Any]:
     ranked = [
         [
             {"label": label, "score": score}
-            for label, score in sorted(output["scores"].items(), key=lambda item: -item[1])
+            for label, score in sorted(_scores(output, answer), key=lambda item: -item[1])
         ][: extra.get("top_k")]
         for output in answer.prediction.outputs
     ]
     return ranked[0] if extra.get("single") else ranked
+
+
+def _scores(output: dict[str, Any], answer: Answer) -> list[tuple[str, float]]:
+    """A classifier's scores by label; a pair's one relevance score, under the label the
+    model's config names its output (TEI's ``LABEL_0`` when it kept none)."""
+    if "scores" in output:
+        return list(output["scores"].items())
+    labels = answer.runtime.spec.labels
+    return [(labels[-1] if labels else "LABEL_0", output["score"])]
 
 
 def render_rerank(answer: Answer) -> list[dict[str, Any]]:

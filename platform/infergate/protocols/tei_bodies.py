@@ -13,16 +13,21 @@ from infergate.errors import InvalidInput
 from infergate.protocols.rerank import RerankBody
 from infergate.protocols.wire import Body, Limits, check_text_count, json_type, validate_texts
 from infergate.serving.prompts import PROMPT_NAME
+from infergate.serving.tokenization import LEFT, RIGHT
 
 EMBED_EXAMPLE = '{"inputs": "What is Deep Learning?", "normalize": true}'
-PREDICT_EXAMPLE = '{"inputs": "I like you."} or {"inputs": [["I like you."], ["Not at all."]]}'
+PREDICT_EXAMPLE = (
+    '{"inputs": "I like you."}, {"inputs": [["I like you."], ["Not at all."]]} or, for a '
+    'text-ranking model, {"inputs": [["a query", "a text"]]}'
+)
 SIMILARITY_EXAMPLE = (
     '{"inputs": {"source_sentence": "What is Deep Learning?", "sentences": ["Deep learning '
     'is...", "Cheese is..."]}}'
 )
 TOKENIZE_EXAMPLE = '{"inputs": "test", "add_special_tokens": true}'
 DECODE_EXAMPLE = '{"ids": [101, 3231, 102]}'
-DIRECTIONS = ("right", "Right")  # TEI spells it "Right"; huggingface_hub "right"
+# TEI spells the ends "Right" and "Left"; huggingface_hub's docs "right" and "left".
+DIRECTIONS = {"Right": RIGHT, "right": RIGHT, "Left": LEFT, "left": LEFT}
 # Hugging Face's inference API parameters huggingface_hub's text_classification sends.
 FUNCTIONS = ("softmax", "none")
 
@@ -36,7 +41,11 @@ _TRUNCATE = Field(
     description="Texts are truncated at the model's max length unless this is false, "
     "which refuses a text that is too long (413).",
 )
-_DIRECTION = Field("right", description="Which end is cut: right only.")
+_DIRECTION = Field(
+    "Right",
+    description="Which end of a text too long for the model is cut: Right keeps its start, "
+    "Left its end.",
+)
 
 
 def _texts(payload: dict[str, Any], limits: Limits, key: str = "inputs") -> list[str]:
@@ -66,8 +75,8 @@ def _checked(payload: dict[str, Any], kinds: dict[str, tuple[type, ...]]) -> dic
     direction = checked.get("truncation_direction")
     if direction is not None and direction not in DIRECTIONS:
         raise InvalidInput(
-            f"'truncation_direction' {direction!r} is not supported; texts are cut at the "
-            "right end (send 'right' or leave it out)",
+            f"'truncation_direction' {direction!r} is not one of TEI's ends; send 'Right' "
+            "(the default: a long text's start is kept) or 'Left' (its end is kept)",
             param="truncation_direction",
         )
     dimensions = checked.get("dimensions")
@@ -126,6 +135,11 @@ class TeiSparseBody(Body):
         return {"inputs": _texts(payload, limits), **_checked(payload, _TEXT_OPTIONS)}
 
 
+class TeiEmbedAllBody(TeiSparseBody):
+    """TEI's per-token embedding request (``/embed_all``): checked, then refused, as no
+    served graph gives its token vectors out."""
+
+
 class ClassificationParameters(Body):
     """Hugging Face inference API's options, as ``huggingface_hub`` sends them."""
 
@@ -151,12 +165,14 @@ class ClassificationParameters(Body):
 
 
 class TeiPredictBody(Body):
-    """TEI's predict request (``/predict``; ``POST /`` of a classifier): one text, or a
-    batch of one-text lists; TEI's text pairs are refused (a classifier here reads one)."""
+    """TEI's predict request (``/predict``; ``POST /`` of a classifier): one text, one
+    pair of texts, or a batch of one-text or two-text lists. A classifier reads texts, a
+    text-ranking model (cross-encoder) pairs; a batch holds one kind or the other."""
 
     example: ClassVar[str] = PREDICT_EXAMPLE
-    inputs: str | list[list[str]] = Field(
-        description='"text" (answer: a list of labels) or [["t1"], ["t2"]] (one list each).'
+    inputs: str | list[str] | list[list[str]] = Field(
+        description='"text" or ["text"] (answer: a list of labels), ["query", "text"] (a '
+        'pair), or a batch, [["t1"], ["t2"]] or [["q1", "t1"], ["q2", "t2"]] (a list each).'
     )
     raw_scores: bool = Field(False, description="The logits instead of probabilities.")
     truncate: bool | None = _TRUNCATE
@@ -168,26 +184,7 @@ class TeiPredictBody(Body):
         checked = _checked(
             payload, {"raw_scores": (bool,), "truncate": (bool,), "truncation_direction": (str,)}
         )
-        inputs = payload.get("inputs")
-        if isinstance(inputs, list) and all(isinstance(item, list) for item in inputs):
-            check_text_count(len(inputs), limits, "'inputs'", "inputs")
-            for index, item in enumerate(inputs):
-                if len(item) != 1:
-                    raise InvalidInput(
-                        f"'inputs[{index}]' holds {len(item)} texts; a text pair needs a "
-                        f"text-ranking model (POST .../rerank); send {PREDICT_EXAMPLE}",
-                        param="inputs",
-                    )
-            texts = validate_texts([item[0] for item in inputs], limits, "inputs")
-            checked["inputs"] = [[text] for text in texts]
-        elif isinstance(inputs, list):
-            raise InvalidInput(
-                "'inputs' is a list of strings, which TEI reads as a text pair; send one "
-                f"text or a batch of one-text lists: {PREDICT_EXAMPLE}",
-                param="inputs",
-            )
-        else:
-            checked["inputs"] = _texts(payload, limits)[0]
+        checked["inputs"] = _predict_inputs(payload, limits)
         parameters = payload.get("parameters")
         if parameters is not None:
             if not isinstance(parameters, dict):
@@ -197,6 +194,44 @@ class TeiPredictBody(Body):
                 )
             checked["parameters"] = ClassificationParameters.parse_value(parameters, limits)
         return checked
+
+
+def _predict_inputs(payload: dict[str, Any], limits: Limits) -> str | list[str] | list[list[str]]:
+    """TEI's predict inputs, as its router reads them: a string or a list of one or two
+    strings is one input; a list of such lists a batch. ``["t"]`` comes back as ``"t"``."""
+    inputs = payload.get("inputs")
+    if isinstance(inputs, list) and inputs and all(isinstance(item, list) for item in inputs):
+        check_text_count(len(inputs), limits, "'inputs'", "inputs")
+        sizes = {len(item) for item in inputs}
+        for index, item in enumerate(inputs):
+            if len(item) not in (1, 2):
+                raise InvalidInput(
+                    f"'inputs[{index}]' holds {len(item)} texts; each item of a batch is "
+                    f"one text or a pair of texts: {PREDICT_EXAMPLE}",
+                    param="inputs",
+                )
+        if len(sizes) > 1:
+            raise InvalidInput(
+                "'inputs' mixes single texts and pairs; a model reads one or the other "
+                "(a classifier texts, a text-ranking model pairs): send them apart",
+                param="inputs",
+            )
+        (size,) = sizes
+        columns = [
+            validate_texts([item[i] for item in inputs], limits, "inputs") for i in range(size)
+        ]
+        return [list(row) for row in zip(*columns, strict=True)]
+    if isinstance(inputs, list) and inputs and all(isinstance(item, str) for item in inputs):
+        if len(inputs) > 2:
+            raise InvalidInput(
+                f"'inputs' is a list of {len(inputs)} strings; TEI reads a list of strings as "
+                f"one text or a pair of texts; send a batch as a list of lists: "
+                f"{PREDICT_EXAMPLE}",
+                param="inputs",
+            )
+        texts = validate_texts(inputs, limits, "inputs")
+        return texts[0] if len(texts) == 1 else texts
+    return _texts(payload, limits)[0]
 
 
 class SimilarityInputs(Body):

@@ -28,11 +28,13 @@ from infergate.protocols.wire import (
     json_type,
     load_json,
 )
+from infergate.serving.prompts import PROMPT_NAME
 
 # The one input every model takes: one UTF-8 text a row.
 INPUT = "text"
-# binary_data_output is the extension's; normalize is the predict endpoint's.
-PARAMETERS = {"binary_data_output": bool, "normalize": bool}
+# binary_data_output is the extension's; normalize and prompt_name (a named prompt of
+# the version, infergate.serving.prompts) are the predict endpoint's.
+PARAMETERS = {"binary_data_output": bool, "normalize": bool, PROMPT_NAME: str}
 EXAMPLE = '{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}'
 
 
@@ -89,10 +91,11 @@ class V2InferRequest(BaseModel):
     outputs: list[V2RequestedOutput] | None = Field(
         None, description="The outputs to return; all of the model's by default."
     )
-    parameters: dict[str, bool] = Field(
+    parameters: dict[str, bool | str] = Field(
         default_factory=dict,
         description="'binary_data_output': every output as binary data; 'normalize' (default "
-        "true, feature-extraction only).",
+        "true, feature-extraction only); 'prompt_name': a prompt the model was registered "
+        "with, put before each text (default: its default prompt, if any).",
     )
 
     @classmethod

@@ -18,7 +18,7 @@ from infergate import tasks
 from infergate.observe.metrics import INFERENCE, POSTPROCESS, TOKENIZE, Stage
 from infergate.serving.batching import Backend
 from infergate.serving.prompts import prompt_for, prompted, split_prompt
-from infergate.serving.tokenization import Batch, TextTokenizer
+from infergate.serving.tokenization import Batch, TextTokenizer, split_direction
 from infergate.tasks import Figures
 from infergate.versions import ServedVersion, Spec
 
@@ -80,11 +80,13 @@ class ModelRuntime:
     ) -> Prediction:
         task = self.task
         prompt_name, parameters = split_prompt(parameters)
+        direction, parameters = split_direction(parameters)
         task.check_parameters(parameters, self.served.name)
+        tokenizer = self.tokenizer.cutting(direction)
         # The texts as the model sees them (character offsets in an answer index these).
         seen = prompted(texts, prompt_for(self.spec, prompt_name, self.served.name))
         start = time.perf_counter()
-        batch = task.tokenize(self.tokenizer, seen, parameters)
+        batch = task.tokenize(tokenizer, seen, parameters)
         tokenized = time.perf_counter()
         extra = task.inference_inputs(batch, parameters)
         self.in_flight += 1
@@ -102,7 +104,7 @@ class ModelRuntime:
             self.in_flight -= 1
         inferred = time.perf_counter()
         labels = self.spec.labels
-        outputs, raw = task.answer(raw, batch, seen, labels, parameters, self.tokenizer)
+        outputs, raw = task.answer(raw, batch, seen, labels, parameters, tokenizer)
         figures = task.figures(raw, batch, labels)
         done = time.perf_counter()
         timings = Timings(tokenized - start, inferred - tokenized, done - inferred)

@@ -7,13 +7,15 @@ fast tokenizers, without the Python wrapper's per-call overhead).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from infergate.errors import InvalidInput
 
 
 def tokenize_serially() -> None:
@@ -30,6 +32,27 @@ def tokenize_serially() -> None:
     """
     if os.environ.get("TOKENIZERS_PARALLELISM") != "false":
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+# Which end of a text too long for the model is cut (the ``tokenizers`` library's names).
+RIGHT = "right"  # keeps the start: the default
+LEFT = "left"  # keeps the end
+DIRECTIONS = (RIGHT, LEFT)
+# The request parameter naming it (TEI's ``truncation_direction``; its parsers set it).
+TRUNCATION_DIRECTION = "truncation_direction"
+
+
+def split_direction(parameters: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The end a request's texts are cut at (``RIGHT`` unless it asks), and its other
+    parameters."""
+    rest = {key: value for key, value in parameters.items() if key != TRUNCATION_DIRECTION}
+    direction = parameters.get(TRUNCATION_DIRECTION, RIGHT)
+    if direction not in DIRECTIONS:
+        raise InvalidInput(
+            f"'{TRUNCATION_DIRECTION}' {direction!r} is not one of {list(DIRECTIONS)}",
+            param=TRUNCATION_DIRECTION,
+        )
+    return direction, rest
 
 
 @dataclass(frozen=True)
@@ -64,15 +87,34 @@ class Token:
 class TextTokenizer:
     """Wraps a ``tokenizer.json`` with truncation to the model's max length."""
 
-    def __init__(self, tokenizer: Tokenizer, max_length: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, max_length: int, direction: str = RIGHT) -> None:
         self._tokenizer = tokenizer
         self.max_length = max_length
-        tokenizer.enable_truncation(max_length=max_length)
+        self.direction = direction
+        tokenizer.enable_truncation(max_length=max_length, direction=direction)
         pad_id = tokenizer.padding["pad_id"] if tokenizer.padding else 0
         pad_token = tokenizer.id_to_token(pad_id) or "[PAD]"
         tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
         unk_token = getattr(tokenizer.model, "unk_token", None)
         self._unk_id = tokenizer.token_to_id(unk_token) if unk_token else None
+        self._other_side: TextTokenizer | None = None  # cutting(): made on first use
+
+    def cutting(self, direction: str) -> TextTokenizer:
+        """This tokenizer with texts cut at ``direction`` ("left" keeps a long text's end,
+        "right" its start). A tokenizer is shared by every request to its version, and
+        the library keeps the side in the tokenizer itself, so the other side is a copy
+        of its own, made once, rather than a setting changed per request."""
+        if direction == self.direction:
+            return self
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction {direction!r} is not one of {DIRECTIONS}")
+        other = self._other_side
+        if other is None:
+            copy = Tokenizer.from_str(self._tokenizer.to_str())
+            other = TextTokenizer(copy, self.max_length, direction)
+            other._other_side = self
+            self._other_side = other
+        return other
 
     @classmethod
     def from_dir(cls, path: Path, max_length: int) -> TextTokenizer:

@@ -44,3 +44,20 @@ def test_unknown_token_ratio_ignores_padding(tokenizer):
     assert padded.input_ids.shape[1] > alone.input_ids.shape[1]
     assert padded.unknown_ratio[0] == pytest.approx(0.5) == alone.unknown_ratio[0]
     assert padded.unknown_ratio[1] == 0.0
+
+
+def test_the_left_end_is_a_copy_of_its_own_and_the_shared_tokenizer_keeps_the_right():
+    tokenizer = TextTokenizer.from_dir(MINILM, max_length=6)  # its own: this test cuts
+    text = "one two three four five six seven"
+    left = tokenizer.cutting("left")
+    assert left is tokenizer.cutting("left") and left.cutting("right") is tokenizer
+    assert tokenizer.cutting("right") is tokenizer
+    [kept_end] = left.tokens([text])
+    assert [t.text for t in kept_end] == ["[CLS]", "four", "five", "six", "seven", "[SEP]"]
+    assert left([text]).truncated.tolist() == [True]
+    # The tokenizer every other request uses still keeps a text's start.
+    [kept_start] = tokenizer.tokens([text])
+    assert [t.text for t in kept_start] == ["[CLS]", "one", "two", "three", "four", "[SEP]"]
+    assert tokenizer([text]).input_ids.tolist() != left([text]).input_ids.tolist()
+    with pytest.raises(ValueError, match="middle"):
+        tokenizer.cutting("middle")
