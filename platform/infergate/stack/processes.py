@@ -139,13 +139,14 @@ def listening_ports() -> set[int]:
 
 
 def free_port_block(start: int, stop: int, size: int) -> range:
-    """The first ``size`` ports in ``[start, stop)``, in steps of ``size``, where nothing
-    listens yet; ``StackError`` if there is none."""
+    """One of the blocks of ``size`` ports in ``[start, stop)`` (in steps of ``size``)
+    where nothing listens yet, at random: two stacks started at once, before either
+    listens, seldom take the same. ``StackError`` if there is none."""
     busy = listening_ports()
-    for first in range(start, stop - size + 1, size):
-        block = range(first, first + size)
-        if not busy.intersection(block):
-            return block
+    blocks = [range(first, first + size) for first in range(start, stop - size + 1, size)]
+    free = [block for block in blocks if not busy.intersection(block)]
+    if free:
+        return random.choice(free)
     raise StackError(f"no {size} free ports in a row in {start}-{stop - 1}")
 
 

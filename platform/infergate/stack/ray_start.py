@@ -79,7 +79,7 @@ def grpc_options(port: int) -> dict[str, Any] | None:
 # ignores). A second Ray Serve on the same host then binds the same port without an error,
 # and the kernel hands half of HAProxy's connections to the other cluster's replica
 # (seen here: every call on one connection answered "model ... is not served"). So each
-# stack takes a block of ports nothing listens on yet.
+# stack takes a block of ports nothing listens on yet, one of 40 at random.
 REPLICA_GRPC_PORTS = (40000, 50000)
 REPLICA_GRPC_BLOCK = 250
 

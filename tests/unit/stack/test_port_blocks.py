@@ -16,8 +16,8 @@ def test_a_block_where_something_listens_is_passed_over() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         assert port in listening_ports()
-        block = free_port_block(port - 5, port + 20, 10)
-        assert port not in block and block.start == port + 5
+        starts = {free_port_block(port - 5, port + 25, 10).start for _ in range(50)}
+        assert starts and starts <= {port + 5, port + 15}  # a free block, never the busy one
         with pytest.raises(StackError, match="no 10 free ports"):
             free_port_block(port - 5, port + 5, 10)
     assert port not in listening_ports()
