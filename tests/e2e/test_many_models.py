@@ -9,9 +9,10 @@ metrics and the Backend dashboard's "Load on demand" panels agree with what the 
 saw, and the cold starts' p50/p99 per model size (``x-cold-start``) and the hot model's
 p99 are printed (docs/many-models.md has a run's figures).
 
-CI runs 10 models (the ``10-models`` form). The long form, ``INFERGATE_MANY_MODELS=100``
-(any count), runs the same tests on that many models; it takes too long for CI, so it
-is skipped unless asked for (the skip says why). ``INFERGATE_MANY_MODELS_ROUNDS`` sets the rounds of
+CI runs 10 models (the ``10-models`` form). The long form, ``MANY_MODELS=100`` (any
+count), runs the same tests on that many models; it takes too long for CI, so it is
+skipped unless asked for (the skip says why). The variables have no ``INFERGATE_``
+prefix: `infergate up` refuses a variable of that prefix that is not a setting. ``MANY_MODELS_ROUNDS`` sets the rounds of
 requests over them (3 for 10 models, 1 for the long form).
 """
 
@@ -45,7 +46,7 @@ pytestmark = pytest.mark.e2e
 BUDGET = 3
 IDLE_UNLOAD_S = 20
 COLD_START_TIMEOUT_S = 60
-LONG_FORM = int(os.environ.get("INFERGATE_MANY_MODELS", "0"))
+LONG_FORM = int(os.environ.get("MANY_MODELS", "0"))
 HOT = "hot"
 TASK = "text-classification"
 # Two sizes of tiny BERT (layers, hidden), alternating over the models: the smallest
@@ -63,7 +64,7 @@ FORMS = [
                 not LONG_FORM,
                 reason="the long form (100 models: about 100 registrations, a load each "
                 "and a cold start of ~3.5 s per request, some 15-20 min here, too long for "
-                "CI) runs on demand: INFERGATE_MANY_MODELS=100 pytest "
+                "CI) runs on demand: MANY_MODELS=100 pytest "
                 "tests/e2e/test_many_models.py -k long-form",
             ),
             pytest.mark.timeout(4 * 3600),
@@ -89,7 +90,7 @@ def size_of(name: str) -> str:
 
 def rounds(count: int) -> int:
     default = "1" if count > 10 else "3"
-    return int(os.environ.get("INFERGATE_MANY_MODELS_ROUNDS", default))
+    return int(os.environ.get("MANY_MODELS_ROUNDS", default))
 
 
 @pytest.fixture(scope="module")
