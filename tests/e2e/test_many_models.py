@@ -11,9 +11,10 @@ p99 are printed (docs/many-models.md has a run's figures).
 
 CI runs 10 models (the ``10-models`` form). The long form, ``MANY_MODELS=100`` (any
 count), runs the same tests on that many models; it takes too long for CI, so it is
-skipped unless asked for (the skip says why). The variables have no ``INFERGATE_``
-prefix: `infergate up` refuses a variable of that prefix that is not a setting. ``MANY_MODELS_ROUNDS`` sets the rounds of
-requests over them (3 for 10 models, 1 for the long form).
+skipped unless asked for (the skip says why). ``MANY_MODELS_ROUNDS`` sets the rounds of
+requests over them (3 for 10 models, 1 for the long form). The variables have no
+``INFERGATE_`` prefix: `infergate up` refuses a variable of that prefix that is not a
+setting.
 """
 
 from __future__ import annotations
@@ -282,7 +283,7 @@ def test_many_models_within_a_budget_every_request_answered(stack: Stack, count:
         # With two slots for the models in rotation, nearly every request is a cold start.
         assert len(every_cold) >= sent // 2
         assert percentile(every_cold, 0.99) < COLD_START_TIMEOUT_S / 2
-        check_panels(Prometheus(stack), every_cold)
+        check_panels(Prometheus(stack), every_cold, rates=rounds(count) > 1)
         check_metrics(Prometheus(stack), cold_by_model, waits, len(every_cold))
         # The listing says which versions are loaded, as Triton does (a replica hears
         # of loads and unloads within a second).
@@ -300,9 +301,11 @@ def test_many_models_within_a_budget_every_request_answered(stack: Stack, count:
         triton.close()
 
 
-def check_panels(prometheus: Prometheus, cold_s: list[float]) -> None:
+def check_panels(prometheus: Prometheus, cold_s: list[float], *, rates: bool) -> None:
     """The "Load on demand" panels right after the round-robin (inside their 1 m rate
-    windows): every one has data, and it agrees with what the client saw."""
+    windows): every one has data, and it agrees with what the client saw. ``rates``:
+    whether the models had more than one cold start each; a counter's series starts at
+    its first increment, which rate() cannot see, so one each shows as a rate of 0."""
     above_slowest = min(b for b in (*LOAD_BUCKETS_S, math.inf) if b >= max(cold_s))
     deadline = time.monotonic() + 30
     while True:
@@ -314,10 +317,11 @@ def check_panels(prometheus: Prometheus, cold_s: list[float]) -> None:
     values = {title: [float(r["value"][1]) for r in result] for title, result in answers.items()}
     (loaded,) = values["Loaded versions"]
     assert 1 <= loaded <= BUDGET
-    assert sum(values["Cold starts per second"]) > 0
+    assert sum(values["Cold starts per second"]) > 0 or not rates
     # A load takes no longer than the request that waited for it.
     quantiles = [v for v in values["Load on demand, p50 / p99"] if not math.isnan(v)]
-    assert quantiles and max(quantiles) <= above_slowest, (quantiles, max(cold_s))
+    assert quantiles or not rates
+    assert all(q <= above_slowest for q in quantiles), (quantiles, max(cold_s))
     assert {r["metric"]["reason"] for r in answers["Unloads per second"]} >= {"room"}
 
 
@@ -374,18 +378,16 @@ def test_idle_versions_are_unloaded_and_the_next_request_loads_them_again(stack:
         holdings = Holdings(triton)
         going = len(holdings.held())
         (idle_before,) = prometheus.by("", idle_unloads).values()
-        hot_before = prometheus.by("model", "sum by (model) (infergate_cold_starts_total)")
+        hot_cold_starts = f'sum by (model) (infergate_cold_starts_total{{model="{HOT}"}})'
+        hot_before = prometheus.by("model", hot_cold_starts)
         wait_for(lambda: not holdings.held(), IDLE_UNLOAD_S + 30, "every idle version unloaded")
         with httpx.Client(base_url=stack.url, timeout=COLD_START_TIMEOUT_S + 30) as client:
             answer = client.post(f"/v1/models/{HOT}/predict", json={"inputs": ["hello"]})
             assert answer.status_code == 200 and float(answer.headers["x-cold-start"]) > 0
             assert holdings.held() == [triton_model_name(HOT, "1")]
         # Prometheus saw them go for idleness, and the hot model's cold start.
-        wanted = {**hot_before, HOT: hot_before.get(HOT, 0) + 1}
-        counted = prometheus.settled(
-            "model", "sum by (model) (infergate_cold_starts_total)", wanted
-        )
-        assert counted == wanted
+        wanted = {HOT: hot_before.get(HOT, 0) + 1}
+        assert prometheus.settled("model", hot_cold_starts, wanted) == wanted
         (idle_after,) = prometheus.by("", idle_unloads).values()
         assert idle_after - idle_before >= going, (idle_before, idle_after, going)
     finally:
