@@ -62,11 +62,18 @@ MODEL_CLASSES = {
 
 
 def tiny_bert(
-    folder: Path, task: str, *, labels: tuple[str, ...] = ("sad", "happy"), seed: int = 0
+    folder: Path,
+    task: str,
+    *,
+    labels: tuple[str, ...] = ("sad", "happy"),
+    seed: int = 0,
+    layers: int = 2,
+    hidden: int = 32,
 ) -> Path:
     """Save a tiny BERT for ``task`` and its tokenizer to ``folder``; return ``folder``.
     ``labels`` name its outputs (a cross-encoder's: one or two); ``seed`` draws its
-    random weights."""
+    random weights; ``layers`` and ``hidden`` its size (all-MiniLM-L6's shape is 6 x 384,
+    with its tiny vocabulary)."""
     import torch
     import transformers
     from transformers import BertConfig, BertTokenizerFast
@@ -79,10 +86,10 @@ def tiny_bert(
     tokenizer = BertTokenizerFast(vocab=str(vocab), do_lower_case=True)
     config = BertConfig(
         vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2 if hidden <= 64 else hidden // 32,
+        intermediate_size=2 * hidden if hidden <= 64 else 4 * hidden,
         max_position_embeddings=64,
         id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)},

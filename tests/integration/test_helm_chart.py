@@ -63,6 +63,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         },
     },
     "shared-repository": {"modelRepository": {"shared": True}},
+    "many-models": {
+        "triton": {"maxLoadedVersions": 5, "idleUnloadS": 300},
+        "frontend": {"coldStartTimeoutS": 45},
+    },
     "no-api-keys": {"frontend": {"apiKeys": {"enabled": False}}},
     "existing-secrets-no-monitoring": {
         "controlPlane": {"auth": {"existingSecret": "infergate-admin"}},
@@ -168,8 +172,14 @@ def test_chart_lints_without_warnings(scenario):
 def documented_helm_install() -> tuple[list[str], dict[str, Any]]:
     """The `helm install` command of docs/beyond-one-machine.md: its words, and the values its
     --set flags give."""
-    text = (PROJECT_ROOT / "docs/beyond-one-machine.md").read_text()
-    (command,) = re.findall(r"^helm install .*?(?<!\\)$", text, flags=re.M | re.S)
+    return documented_helm_command("docs/beyond-one-machine.md", "install")
+
+
+def documented_helm_command(page: str, verb: str) -> tuple[list[str], dict[str, Any]]:
+    """The one `helm VERB` command of a docs page: its words, and the values its --set flags
+    give."""
+    text = (PROJECT_ROOT / page).read_text()
+    (command,) = re.findall(rf"^helm {verb} .*?(?<!\\)$", text, flags=re.M | re.S)
     words = shlex.split(command.replace("\\\n", " "))
     values: dict[str, Any] = {}
     for word, value in itertools.pairwise(words):
@@ -337,6 +347,33 @@ def test_teis_metrics_route_reads_the_charts_prometheus():
     assert service["spec"]["ports"][0]["port"] == 9090
     off = frontend_app(render({"prometheus": {"enabled": False}, "grafana": {"enabled": False}}))
     assert "metrics_federate_url" not in off["args"]
+
+
+def test_load_on_demand_values_reach_the_control_plane_and_the_replicas():
+    """Off by default, as the platform's settings are; the values docs/many-models.md sets
+    turn it on for both sides; a budget of 0 means no limit, as triton.max_loaded_versions."""
+
+    def sides(values: dict[str, Any]) -> tuple[Any, FrontendSettings]:
+        manifests = render(values)
+        env = as_environ(env_of(container(find(manifests, "Deployment", named("control-plane")))))
+        triton = load_config(Path("/nonexistent.yaml"), environ=env).triton
+        return triton, FrontendSettings.model_validate(frontend_app(manifests)["args"])
+
+    triton, replicas = sides({})
+    assert (triton.budget, triton.idle_unload_s, triton.loads_on_demand) == (None, None, False)
+    assert (replicas.load_on_demand, replicas.cold_start_timeout_s) == (False, 30)
+
+    words, values = documented_helm_command("docs/many-models.md", "upgrade")
+    assert words[:4] == ["helm", "upgrade", "infergate", "helm/infergate"]
+    triton, replicas = sides(values)
+    assert (triton.budget, triton.idle_unload_s) == (20, 600)
+    assert replicas.load_on_demand and replicas.cold_start_timeout_s == 30
+
+    triton, replicas = sides({"triton": {"maxLoadedVersions": 0}})
+    assert not triton.loads_on_demand and not replicas.load_on_demand
+    triton, replicas = sides({"triton": {"idleUnloadS": 90}, "frontend": {"coldStartTimeoutS": 5}})
+    assert (triton.budget, triton.idle_unload_s) == (None, 90)
+    assert replicas.load_on_demand and replicas.cold_start_timeout_s == 5
 
 
 def test_payload_log_values_reach_the_replicas_as_their_settings():

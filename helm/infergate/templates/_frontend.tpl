@@ -31,6 +31,10 @@ applications:
       max_chars_per_text: {{ $fe.maxCharsPerText }}
       triton_grpc_url: {{ include "infergate.tritonGrpcAddress" . | quote }}
       triton_timeout_s: {{ $fe.tritonTimeoutS }}
+      # The replicas ask the control plane to load a version Triton does not have when
+      # the control plane may unload one (triton.maxLoadedVersions, triton.idleUnloadS).
+      load_on_demand: {{ include "infergate.loadsOnDemand" . }}
+      cold_start_timeout_s: {{ $fe.coldStartTimeoutS }}
       batch_max_rows: {{ min $fe.batchMaxRows .Values.triton.maxBatchSize }}
       batch_max_in_flight: {{ $fe.batchMaxInFlight }}
       batch_full_calls_ahead: {{ $fe.batchFullCallsAhead }}

@@ -100,6 +100,14 @@ Ports that are not settings: Triton's standard ports and the Ray Serve HTTP port
 {{- define "infergate.servePort" -}}8000{{- end }}
 
 {{/*
+Whether a served version may be out of Triton until a request asks for it: a budget of
+loaded versions (0 means none) or idle unloads, as TritonSettings.loads_on_demand reads them.
+*/}}
+{{- define "infergate.loadsOnDemand" -}}
+{{- if or .Values.triton.maxLoadedVersions .Values.triton.idleUnloadS }}true{{ else }}false{{ end }}
+{{- end }}
+
+{{/*
 Addresses inside the cluster.
 */}}
 {{- define "infergate.mlflowUrl" -}}

@@ -270,7 +270,10 @@ V2_MODEL_METADATA = {
 }
 V2_MODEL_READY = {
     "responses": {
-        "200": {"description": "The model (or the version) answers"},
+        "200": {
+            "description": "The model (or the version) answers, or is out of Triton and "
+            "loads on its next request (docs/many-models.md)"
+        },
         **_V2_NOT_FOUND,
         "503": _json(ErrorBody, "Some version does not answer"),
     }

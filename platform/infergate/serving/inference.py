@@ -273,10 +273,20 @@ class InferencePath:
         return sorted(self.models)
 
     async def model_ready(self, model: ServedModel, version: str | None) -> None:
-        """Raises unless the version named, or every version of ``model``, answers."""
+        """Raises unless the version named, or every version of ``model``, answers.
+
+        A version out of Triton that loads on demand is ready without a probe: its next
+        request loads it and is answered (after a cold start), and a probe would either
+        fail or load it, evicting another, for a health check."""
         runtimes = (model.pick(pinned=version),) if version is not None else model.versions
-        answers = await asyncio.gather(*(self._probe(r) for r in runtimes))
-        failing = [r.served.version for r, ok in zip(runtimes, answers, strict=True) if not ok]
+        loaded = [r for r in runtimes if self.warmer.is_loaded(r.triton_model)]
+        answers = await asyncio.gather(*(self._probe(r) for r in loaded))
+        failing = [
+            r.served.version
+            for r, ok in zip(loaded, answers, strict=True)
+            # Unloaded while probed (the control plane's word came meanwhile): not failing.
+            if not ok and self.warmer.is_loaded(r.triton_model)
+        ]
         if failing:
             raise BackendUnavailable(f"model {model.name!r} is not ready: version(s) {failing}")
 

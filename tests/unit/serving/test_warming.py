@@ -113,3 +113,45 @@ def test_the_answer_says_how_long_the_cold_start_took_and_the_list_what_is_loade
     cold = client.post("/v1/models/cold/predict", json={"inputs": "hi"})
     assert cold.status_code == 200 and float(cold.headers["x-cold-start"]) >= 0.02
     assert client.get("/v1/models/cold").json()["versions"][0]["loaded"] is True
+
+
+def test_a_version_that_loads_on_demand_is_ready_without_being_loaded_for_the_check():
+    """/v2/models/{name}/ready and gRPC ModelReady: a served version out of Triton answers
+    its next request (a cold start), so it is ready; a loaded one is still probed."""
+    from tritonclient.grpc import service_pb2
+
+    from infergate.protocols import v2_grpc
+
+    triton = FakeResidentTriton("hot__v1")
+    warmer = Warmer(triton.warm, timeout_s=5)
+    warmer.set_resident(1, ["hot__v1", "gone__v1"])  # gone: Triton lost it, the word is stale
+    models = {
+        name: ServedModel(name, "text-classification", (FakeVersion(name, calls_backend=True),))  # type: ignore[arg-type]
+        for name in ("hot", "cold", "gone")
+    }
+    probed: list[str] = []
+
+    async def probe(runtime: FakeVersion) -> bool:  # a real request, as Triton answers it
+        probed.append(runtime.triton_model)
+        return runtime.triton_model in triton.loaded
+
+    frontend = Frontend(
+        FrontendSettings(), triton, models, readiness_probe=probe, warmer=warmer,  # type: ignore[arg-type]
+        monitors=Unmonitored(Recorder()),
+    )  # fmt: skip
+    client = TestClient(asgi(frontend))
+    assert client.get("/v2/models/cold/ready").json() == {"name": "cold", "ready": True}
+    assert client.get("/v2/models/cold/versions/1/ready").status_code == 200
+    assert client.get("/v2/models/hot/ready").status_code == 200
+    gone = client.get("/v2/models/gone/ready")
+    assert gone.status_code == 503 and "version(s) ['1']" in gone.json()["error"]
+
+    def model_ready(name: str) -> dict:
+        request = service_pb2.ModelReadyRequest(name=name)
+        return asyncio.run(v2_grpc.answer(frontend, "ModelReady", request, {})).fields
+
+    assert model_ready("cold") == {"ready": True}
+    assert model_ready("hot") == {"ready": True} and model_ready("gone") == {"ready": False}
+    # Checking readiness loaded nothing and probed only what is loaded.
+    assert triton.warmed == [] and set(probed) == {"hot__v1", "gone__v1"}
+    assert client.get("/v1/models/cold").json()["versions"][0]["loaded"] is False
