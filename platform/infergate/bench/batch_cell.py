@@ -176,7 +176,8 @@ def measure_batch_cell(
     workdir.mkdir(parents=True, exist_ok=True)
     rows = ROWS.get(profile.name, ROWS["full"])
     input_path = workdir / "texts.parquet"
-    write_input(cell_texts(stack.prepared, rows), input_path)
+    texts = cell_texts(stack.prepared, rows)
+    write_input(texts, input_path)
     record: dict[str, Any] = {
         "stack": stack.name, "model": MODEL_NAME, "version": stack.prepared.version,
         "rows": rows, "tokens": TOKENS, "batch_size": BATCH_SIZE,
@@ -187,13 +188,12 @@ def measure_batch_cell(
     _part(record, "ceiling", say, lambda: run_ceiling(stack.prepared, input_path, duration))
     path = InfergateStack.path  # the platform's predict endpoint, whichever stack it is
     target = HttpTarget(HOST, stack.port, path, (infergate_body(["warm-up"]),))
-    texts = record_texts(input_path)
 
-    def online() -> dict[str, Any]:
+    def through_the_stack() -> dict[str, Any]:
         run_sync(lambda: online_pass(target, texts[:BATCH_SIZE], 1))  # warm the route up
         return run_sync(lambda: online_pass(target, texts, ONLINE_IN_FLIGHT))
 
-    _part(record, "online", say, online)
+    _part(record, "online", say, through_the_stack)
     _part(record, "job", say, lambda: run_job(stack, input_path, workdir / "out"))
     record["load_average_at_end"] = list(os.getloadavg())
     ceiling = record["ceiling"].get("sequences_per_s")
@@ -214,12 +214,6 @@ def measure_batch_cell(
         (("job", job), ("busy", busy), ("online", online), ("ceiling", ceiling))
     ))  # fmt: skip
     return record
-
-
-def record_texts(path: Path) -> list[str]:
-    from infergate.bench.batch_ceiling import read_texts
-
-    return read_texts(path, "text")
 
 
 def on_own_stack(
