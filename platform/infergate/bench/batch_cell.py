@@ -178,6 +178,7 @@ def measure_batch_cell(
     input_path = workdir / "texts.parquet"
     texts = cell_texts(stack.prepared, rows)
     write_input(texts, input_path)
+    began = time.monotonic()
     record: dict[str, Any] = {
         "stack": stack.name, "model": MODEL_NAME, "version": stack.prepared.version,
         "rows": rows, "tokens": TOKENS, "batch_size": BATCH_SIZE,
@@ -196,6 +197,7 @@ def measure_batch_cell(
     _part(record, "online", say, through_the_stack)
     _part(record, "job", say, lambda: run_job(stack, input_path, workdir / "out"))
     record["load_average_at_end"] = list(os.getloadavg())
+    record["cell_s"] = time.monotonic() - began  # what the cell adds to a run on a stack
     ceiling = record["ceiling"].get("sequences_per_s")
     online = record["online"].get("rows_per_s")
     job, busy = record["job"].get("rows_per_s"), record["job"].get("busy_rows_per_s")

@@ -20,6 +20,7 @@ def batch_section(results: dict[str, Any]) -> list[str]:
         f"{cell['batch_size']}, on the {cell['stack']} stack. Load average at start/end: "
         + " / ".join(f"{cell[k][0]:.1f}" for k in ("load_average_at_start", "load_average_at_end"))
         + "."
+        + (f" The cell took {cell['cell_s']:.0f} s." if "cell_s" in cell else "")
     )
     job, online, ceiling = cell["job"], cell["online"], cell["ceiling"]
     ratios = cell["ratios"]

@@ -24,7 +24,7 @@ def batch_record() -> dict:
     return {
         "stack": "lean", "model": "sentiment", "version": "1", "rows": 512, "tokens": 16,
         "batch_size": 32, "load_average_at_start": [3.0, 2.0, 1.0],
-        "load_average_at_end": [4.5, 2.0, 1.0],
+        "load_average_at_end": [4.5, 2.0, 1.0], "cell_s": 31.6,
         "ceiling": {"rows": 512, "batch": 32, "sequences_per_s": 400.0,
                     "layout": "2 sessions x 1 thread"},
         "online": {"rows": 512, "answered": 512, "requests": 16, "errors": 0,
@@ -58,7 +58,7 @@ def test_the_report_puts_the_job_beside_the_online_path_and_the_ceiling():
     assert "| `infergate batch`, busy (parts only) | 360.0 | 0.90 | 1.44 |" in text
     assert "| online path | 250.0 | 0.62 | 1.00 | 32 texts a request, 4 in flight" in text
     assert "| ceiling (ONNX Runtime in process) | 400.0 | 1.00 |" in text
-    assert "Load average at start/end: 3.0 / 4.5." in text
+    assert "Load average at start/end: 3.0 / 4.5. The cell took 32 s." in text
 
 
 def test_a_failed_part_is_shown_and_the_others_stand():
