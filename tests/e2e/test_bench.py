@@ -1,9 +1,10 @@
 """`infergate bench --smoke` end to end, in one run: the in-process ceiling, the naive
 FastAPI/PyTorch server (fp32, and int8 by PyTorch's dynamic quantisation), the Triton
-ensemble, the Ray Serve floor, the lean front-end on the whole stack, and the short form of
-the task cells (`--tasks`), all real processes on free ports. One run: the model is
-prepared and the ceiling measured once for every part, the whole stack started once (in
-the smoke the task cells run on the lean scenario's stack), each test reading its results.
+ensemble, the Ray Serve floor, the lean front-end on the whole stack, the short form of
+the task cells (`--tasks`) and the batch cell, all real processes on free ports. One run:
+the model is prepared and the ceiling measured once for every part, the whole stack
+started once (in the smoke the task cells and the batch cell run on the lean scenario's
+stack), each test reading its results.
 
 The `infergate` scenario itself and the in-process front-end are left out here only
 because they take longer; `infergate bench --quick` runs them all. The first run on a
@@ -35,7 +36,7 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The results folder of the one `bench --smoke` run every test reads."""
     out = tmp_path_factory.mktemp("bench") / "results"
     command = [sys.executable, "-m", "infergate.bench.cli", "bench", "--smoke", "--out", str(out)]
-    command += ["--scenarios", "ceiling", *SCENARIOS, *STACK_SCENARIOS, "--tasks"]
+    command += ["--scenarios", "ceiling", *SCENARIOS, *STACK_SCENARIOS, "batch", "--tasks"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1400, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     for name in ("results.json", "results.md", "throughput.png", "latency.png", "memory.png"):
@@ -248,3 +249,33 @@ def test_a_task_cell_runs_against_its_ceiling(results, out: Path):
     best = max(r["sequences_per_s"] for r in ceiling["rows"])
     assert row["share"] == pytest.approx(cell["sequences_per_s"] / best)
     assert "## Tasks" in (out / "results.md").read_text()
+
+
+def test_the_batch_cell_runs_a_job_beside_the_ceiling_and_the_online_path(results, out: Path):
+    """`infergate batch` on the lean stack's registered model, the in-process ceiling and
+    the online path, each over the same file's texts: every row answered by each, and
+    the ratios of their rows/s (no threshold: the smoke's box is shared)."""
+    cell = results["batch"]
+    assert "error" not in cell, cell
+    assert cell["stack"] == "lean" and cell["batch_size"] == 32
+    rows = cell["rows"]
+    job = cell["job"]
+    assert job["rows"] == rows and job["errors"] == 0 and job["parts"] == 4
+    assert job["output_rows"] == job["output_distinct_ids"] == rows
+    assert job["output_errors"] == 0
+    # The actors' time on parts fits in the job's: busy rows/s is never below end to end.
+    assert 0 < job["rows_per_s"] <= job["busy_rows_per_s"] * 1.001
+    online = cell["online"]
+    assert online["answered"] == rows and online["errors"] == 0
+    assert online["requests"] == math.ceil(rows / 32) and online["rows_per_s"] > 0
+    ceiling = cell["ceiling"]
+    assert ceiling["rows"] == rows and ceiling["batch"] == 32 and ceiling["sequences_per_s"] > 0
+    ratios = cell["ratios"]
+    assert all(math.isfinite(v) and v > 0 for v in ratios.values()), ratios
+    assert ratios["job_over_ceiling"] == pytest.approx(
+        job["rows_per_s"] / ceiling["sequences_per_s"]
+    )
+    assert ratios["busy_over_online"] == pytest.approx(
+        job["busy_rows_per_s"] / online["rows_per_s"]
+    )
+    assert "## Batch" in (out / "results.md").read_text()

@@ -24,6 +24,7 @@ from infergate.bench.analysis import (
     task_rows,
     triton_hop,
 )
+from infergate.bench.batch_table import batch_section
 from infergate.bench.cost import cost_rows, cost_section, gpu_rate
 from infergate.bench.plots import write_plots
 from infergate.bench.tables import num, table
@@ -90,6 +91,7 @@ def markdown(results: dict[str, Any]) -> str:
     if results.get("scenarios") or results.get("ceiling"):
         out += _scenario_sections(results)
     out += _task_section(results)
+    out += batch_section(results)
     return "\n".join(out) + "\n"
 
 

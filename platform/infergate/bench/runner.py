@@ -30,6 +30,7 @@ from infergate.bench.baselines import (
     NaiveInt8Server,
     NaiveServer,
 )
+from infergate.bench.batch_cell import measure_batch_cell, on_own_stack
 from infergate.bench.loadgen import run_sync, send_once
 from infergate.bench.measure import (
     QUIET_CPU_PERCENT,
@@ -40,7 +41,7 @@ from infergate.bench.measure import (
     progress_line,
     run_ceiling,
 )
-from infergate.bench.options import ALL_SCENARIOS, BenchOptions, Say
+from infergate.bench.options import ALL_SCENARIOS, STACK_SCENARIOS, BenchOptions, Say
 from infergate.bench.prepare import DEFAULT_CACHE_DIR, prepare_model
 from infergate.bench.scenarios import Scenario
 from infergate.bench.stack_scenarios import InfergateStack, LeanStack
@@ -146,6 +147,19 @@ def faster_rows(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> li
 
 
 S = TypeVar("S", bound=Scenario)
+
+
+def in_turn(first: Callable[[S], None], then: Callable[[S], None] | None) -> Callable[[S], None]:
+    """``first``, then ``then`` (when given) whatever ``first`` met."""
+
+    def both(scenario: S) -> None:
+        try:
+            first(scenario)
+        finally:
+            if then is not None:
+                then(scenario)
+
+    return both
 
 
 def run_scenario(
@@ -270,6 +284,14 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
         tasks: TaskRun | None = None
         shared: dict[str, Any] | None = None  # its stack entry, once measured on lean's
 
+        # The batch cell runs on the first stack scenario's stack, or on one of its own.
+        stacks = [n for n in options.scenarios if n in STACK_SCENARIOS]
+        batch_on = stacks[0] if "batch" in options.scenarios and stacks else None
+
+        def batch_cell(stack: Scenario) -> None:
+            assert isinstance(stack, InfergateStack), stack.name
+            results["batch"] = measure_batch_cell(stack, profile, Path(tmp) / "batch", say)
+
         def task_run() -> TaskRun:
             return TaskRun(
                 prepared, options.tasks, options.peers, options, Path(tmp) / "tasks", say,
@@ -277,7 +299,7 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
             )  # fmt: skip
 
         for name in options.scenarios:
-            if name == "ceiling":
+            if name in ("ceiling", "batch"):
                 continue
             workdir = Path(tmp) / name
             workdir.mkdir()
@@ -290,14 +312,19 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
                 lean = LeanStack(on_task_store, workdir)
                 results["scenarios"][name] = run_scenario(
                     lean, texts, profile, reference_labels, options, say, paces,
-                    also_on_it=tasks.measure_on,
+                    also_on_it=in_turn(tasks.measure_on, batch_cell if batch_on == name else None),
                 )  # fmt: skip
                 shared = tasks.shared_stack(lean, results["scenarios"][name])
                 continue
             scenario = SCENARIOS[name](prepared, workdir)
             results["scenarios"][name] = run_scenario(
-                scenario, texts, profile, reference_labels, options, say, paces
-            )
+                scenario, texts, profile, reference_labels, options, say, paces,
+                also_on_it=batch_cell if name == batch_on else None,
+            )  # fmt: skip
+        if "batch" in options.scenarios and batch_on is None:
+            results["batch"] = on_own_stack(prepared, profile, Path(tmp) / "batch", say)
+        elif batch_on is not None and "batch" not in results:
+            results["batch"] = {"error": f"the {batch_on} scenario's stack did not start"}
         for variant in options.variants:
             workdir = Path(tmp) / f"variant-{len(results['scenarios'])}"
             workdir.mkdir()
