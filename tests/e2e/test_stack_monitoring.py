@@ -34,7 +34,7 @@ TRANSLATION = ("monitored-translate", {"max_decoding_length": 8})
 # feature.
 WITHOUT_DATA_HERE = {
     "Loaded versions",
-    "Cold starts per second",
+    "Cold starts, last 5 min",
     "Load on demand, p50 / p99",
     "Unloads per second",
 }

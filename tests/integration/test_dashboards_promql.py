@@ -30,3 +30,51 @@ def test_the_ray_serve_metrics_we_read_exist_in_ray():
     source = "\n".join(p.read_text() for p in serve.rglob("*.py"))
     for name in EXTERNAL_METRICS["ray"]:
         assert f'"{name.removeprefix("ray_")}"' in source, name
+
+
+@needs_prometheus
+def test_a_series_first_increment_counts_on_the_recent_panels(tmp_path):
+    """``increase_seen`` on Prometheus's own evaluator (promtool's unit tests): a series
+    born inside the window gives its value, which ``increase()`` misses; an older one its
+    growth; one reset inside the window its value since the reset."""
+    import subprocess
+
+    from infergate.dashboards.promql import increase_seen
+    from prometheus_server import PROMTOOL
+
+    expr = f"sum by (model) ({increase_seen('infergate_cold_starts_total')})"
+    series = {
+        "new": "_ _ _ 1 1 1 1 1 1 1",
+        "old": "1 1 1 1 1 1 1 1 2 2",
+        "reset": "3 3 3 3 3 3 3 1 1 1",
+    }
+    inputs = "".join(
+        f"      - series: 'infergate_cold_starts_total{{model=\"{m}\"}}'\n        values: '{v}'\n"
+        for m, v in series.items()
+    )
+
+    def check(at: str, expected: dict[str, int], query: str = expr) -> str:
+        samples = "".join(
+            f"          - labels: '{{model=\"{m}\"}}'\n            value: {n}\n"
+            for m, n in expected.items()
+        )
+        return f"      - expr: '{query}'\n        eval_time: {at}\n        exp_samples:\n{samples}"
+
+    tests = (
+        check("5m", {"new": 1, "old": 0, "reset": 0})
+        + check("9m", {"new": 0, "old": 1, "reset": 1})
+        # What the panels did before: the first cold start is not there.
+        + check(
+            "5m",
+            {"new": 0, "old": 0, "reset": 0},
+            "sum by (model) (increase(infergate_cold_starts_total[5m]))",
+        )
+    )
+    spec = tmp_path / "increase_seen_test.yml"
+    spec.write_text(
+        "rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n"
+        f"    input_series:\n{inputs}    promql_expr_test:\n{tests}"
+    )
+    assert PROMTOOL is not None
+    run = subprocess.run([PROMTOOL, "test", "rules", str(spec)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -7,9 +7,10 @@ from infergate.dashboards.builders import Dashboard, Panel, Query, Row, Threshol
 from infergate.dashboards.promql import (
     SERVE_APP,
     TRITON_MODEL,
-    quantile,
+    increase_seen,
     rate,
     ratio,
+    recent_quantile,
     selector,
     sum_by,
 )
@@ -103,22 +104,22 @@ def _load_on_demand() -> Row:
                 "triton.max_loaded_versions.",
             ),
             Panel(
-                "Cold starts per second",
-                (Query(sum_by("model", rate(m.COLD_STARTS.full_name)), "{{model}}"),),
-                unit="reqps",
+                "Cold starts, last 5 min",
+                (Query(sum_by("model", increase_seen(m.COLD_STARTS.full_name)), "{{model}}"),),
                 width=6,
-                description="Loads of a version a request asked for.",
+                description="Loads of a version a request asked for, in the 5 minutes "
+                "before each point; a version's first counted too (docs/many-models.md).",
             ),
             Panel(
                 "Load on demand, p50 / p99",
                 (
-                    Query(quantile(0.5, m.LOAD_DURATION, "model"), "{{model}} p50"),
-                    Query(quantile(0.99, m.LOAD_DURATION, "model"), "{{model}} p99"),
+                    Query(recent_quantile(0.5, m.LOAD_DURATION, "model"), "{{model}} p50"),
+                    Query(recent_quantile(0.99, m.LOAD_DURATION, "model"), "{{model}} p99"),
                 ),
                 unit="s",
                 width=6,
                 description="Seconds from a request's demand to the version ready, making "
-                "room included.",
+                "room included, over the loads of the 5 minutes before each point.",
             ),
             Panel(
                 "Unloads per second",

@@ -66,6 +66,18 @@ def rate(metric: str, *matchers: str, window: str = RATE) -> str:
     return f"rate({selector(metric, *matchers)}[{window}])"
 
 
+def increase_seen(metric: str, *matchers: str, window: str = "5m") -> str:
+    """A counter's increase over ``window``, a series' first increment counted.
+
+    Ray creates a series at its first increment, so ``increase()`` and ``rate()``, which
+    need two samples, never see it: a model loaded once shows no load. Here a series
+    older than the window gives its growth since then, and one born inside it (or reset
+    in it) its whole value, which all happened inside the window.
+    """
+    series = selector(metric, *matchers)
+    return f"(({series} - {series} offset {window}) >= 0 or {series})"
+
+
 def sum_by(labels: str, expr: str) -> str:
     return f"sum by ({labels}) ({expr})"
 
@@ -79,6 +91,15 @@ def quantile(q: float, histogram: m.Metric, by: str = "model, version", *matcher
     if histogram.kind != "histogram":
         raise ValueError(f"{histogram.full_name} is a {histogram.kind}, not a histogram")
     buckets = rate(histogram.full_name + "_bucket", *matchers)
+    return f"histogram_quantile({q}, sum by (le, {by}) ({buckets}))"
+
+
+def recent_quantile(q: float, histogram: m.Metric, by: str, window: str = "5m") -> str:
+    """The ``q`` quantile of the observations of the last ``window``, each series' first
+    ones counted (:func:`increase_seen`): for rare events such as loads."""
+    if histogram.kind != "histogram":
+        raise ValueError(f"{histogram.full_name} is a {histogram.kind}, not a histogram")
+    buckets = increase_seen(histogram.full_name + "_bucket", window=window)
     return f"histogram_quantile({q}, sum by (le, {by}) ({buckets}))"
 
 
