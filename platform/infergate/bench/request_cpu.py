@@ -205,100 +205,6 @@ def worker(argv: Sequence[str]) -> int:
 # -- the driver: Triton, then rounds of both trees at the same time -------------------------
 
 
-def start_triton(
-    workdir: Path, served_dir: Path, model: str, versions: Sequence[str], *, stand_in: bool
-) -> tuple[subprocess.Popen, str]:
-    """A tritonserver serving ``served_dir``'s ONNX file as each of ``model``'s
-    ``versions``, one Triton model each, so that side by side no worker waits in the
-    other's queue (with ``stand_in``, :func:`write_stand_in_graph`'s graph instead)."""
-    from infergate.config import load_config
-    from infergate.stack.processes import free_ports
-    from infergate.triton.client import TritonControl
-    from infergate.triton.repository import write_model
-    from infergate.triton.server import prepare_backends, server_command, server_environment
-    from infergate.versions import triton_model_name
-
-    http_port, grpc_port, metrics_port = free_ports(3)
-    settings = load_config().triton.model_copy(
-        update={"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
-    )
-    spec = json.loads((served_dir / "infergate.json").read_text())
-    repository = workdir / "repository"
-    repository.mkdir(parents=True, exist_ok=True)
-    onnx_path = served_dir / "model.onnx"
-    if stand_in:
-        onnx_path = workdir / "stand_in.onnx"
-        write_stand_in_graph(onnx_path, spec["output_name"])
-    triton_names = [triton_model_name(model, version) for version in versions]
-    for triton_name in triton_names:
-        write_model(
-            repository,
-            triton_name,
-            onnx_path,
-            output_name=spec["output_name"],
-            output_dim=spec["output_dim"],
-            settings=settings,
-        )
-    command = server_command(settings, repository, prepare_backends(workdir))
-    log = (workdir / "tritonserver.log").open("wb")
-    process = subprocess.Popen(
-        command, env=server_environment(os.environ), stdout=log, stderr=subprocess.STDOUT
-    )
-    control = TritonControl(settings.grpc_url)
-    try:
-        deadline = time.monotonic() + settings.startup_timeout_s
-        while not control.server_ready():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"tritonserver did not start; see {workdir}/tritonserver.log")
-            time.sleep(0.2)
-        for triton_name in triton_names:
-            control.load(triton_name, settings.load_timeout_s)
-    except BaseException:
-        process.terminate()
-        process.wait(30)
-        raise
-    finally:
-        control.close()
-    return process, settings.grpc_url
-
-
-def write_stand_in_graph(path: Path, output_name: str) -> None:
-    """A graph with the served contract (``input_ids``, ``attention_mask`` -> ``[batch,
-    2]`` float) that costs Triton next to nothing: the sine of each row's masked id sum
-    and the cosine of its length. With the real model, Triton's own CPU on this 2-core
-    box holds the replicas to a rate far below the issue's 819 req/s; the replica's work
-    per request does not depend on what the graph computes."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
-    nodes = [
-        helper.make_node("Cast", ["input_ids"], ["ids_f"], to=TensorProto.FLOAT),
-        helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
-        helper.make_node("Mul", ["ids_f", "mask_f"], ["masked"]),
-        helper.make_node("ReduceSum", ["masked", "axes"], ["ids_sum"], keepdims=1),
-        helper.make_node("ReduceSum", ["mask_f", "axes"], ["length"], keepdims=1),
-        helper.make_node("Sin", ["ids_sum"], ["first"]),
-        helper.make_node("Cos", ["length"], ["second"]),
-        helper.make_node("Concat", ["first", "second"], [output_name], axis=1),
-    ]
-    batch_seq = ["batch", "sequence"]
-    graph = helper.make_graph(
-        nodes,
-        "stand_in",
-        [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, batch_seq),
-            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, batch_seq),
-        ],
-        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["batch", 2])],
-        initializer=[axes],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-
-
 def write_texts(served_dir: Path, out: Path) -> Path:
     from infergate.bench.workload import build_text_sets
 
@@ -308,11 +214,18 @@ def write_texts(served_dir: Path, out: Path) -> Path:
 
 
 def run_round(
-    trees: dict[str, Path], worker_args: list[str], python: str, *, reverse: bool = False
+    trees: dict[str, Path],
+    worker_args: list[str],
+    python: str,
+    *,
+    reverse: bool = False,
+    turns: bool = False,
 ) -> dict[str, list[dict[str, float]]]:
-    """One worker per tree, started together (``reverse``: the last tree's first), tree
-    ``i`` on version ``i + 1``; their windows by tree name."""
+    """One worker per tree, started together (``reverse``: the last tree's first; with
+    ``turns``, one after the other), tree ``i`` on version ``i + 1``; their windows by
+    tree name."""
     running = {}
+    windows = {}
     order = list(enumerate(trees.items()))
     for index, (name, tree) in reversed(order) if reverse else order:
         code = (
@@ -328,12 +241,18 @@ def run_round(
             text=True,
             cwd=tempfile.gettempdir(),
         )
-    windows = {}
+        if turns:
+            windows[name] = _windows(name, running.pop(name))
     for name, process in running.items():
-        out, err = process.communicate(timeout=600)
-        if process.returncode != 0:
-            raise RuntimeError(f"worker {name} failed:\n{err[-3000:]}")
-        windows[name] = json.loads(out.strip().splitlines()[-1])
+        windows[name] = _windows(name, process)
+    return windows
+
+
+def _windows(name: str, process: subprocess.Popen[str]) -> list[dict[str, float]]:
+    out, err = process.communicate(timeout=600)
+    if process.returncode != 0:
+        raise RuntimeError(f"worker {name} failed:\n{err[-3000:]}")
+    windows: list[dict[str, float]] = json.loads(out.strip().splitlines()[-1])
     return windows
 
 
@@ -376,16 +295,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="requests/s of each --texts cell, per worker (0: flat out); "
                         "paced, both trees answer as many requests")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--turns", action="store_true",
+                        help="the trees' workers one after the other, not at once (flat "
+                        "out with 16 texts, the one started second was starved here)")  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--stand-in-graph", action="store_true",
                         help="Triton serves a graph that costs it next to nothing "
-                        "(write_stand_in_graph), not the version's model")  # fmt: skip
+                        "(stand_in.write_stand_in_graph), not the version's model")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write every window here")
     args = parser.parse_args(argv)
+    from infergate.bench import stand_in
+
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="request-cpu-"))
     model = "sentiment"
     trees = {"A": args.baseline_tree.resolve(), "B": args.tree.resolve()}
-    triton, url = start_triton(
+    triton, url = stand_in.start_triton(
         workdir, args.served_dir, model, ["1", "2"], stand_in=args.stand_in_graph
     )
     results: dict[str, Any] = {}
@@ -399,7 +323,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "--concurrency", str(args.concurrency), "--seconds", str(args.seconds),
                     "--rate", str(rate),
                 ]  # fmt: skip
-                windows = run_round(trees, worker_args, sys.executable, reverse=round_ % 2 == 1)
+                windows = run_round(
+                    trees, worker_args, sys.executable, reverse=round_ % 2 == 1, turns=args.turns
+                )
                 for name, tree_windows in windows.items():
                     figures = summary(tree_windows, texts)
                     results.setdefault(f"{texts}", {}).setdefault(name, []).append(
