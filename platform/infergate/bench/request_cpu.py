@@ -43,7 +43,7 @@ TEXT_TOKENS = 16  # the bench's single-text cell: 16-token texts
 
 
 def build_frontend(
-    served_dir: Path, model: str, version: str, triton_url: str
+    served_dir: Path, model: str, version: str, settings_file: Path
 ) -> tuple[Any, Any, Any]:
     """The front-end as a replica builds it for one version: ``(frontend, monitors,
     telemetry)``. Only the APIs both trees share are used."""
@@ -64,9 +64,9 @@ def build_frontend(
     tokenizer = TextTokenizer.from_dir(served_dir / "tokenizer", spec.max_length)
     served = ServedVersion(model, version, spec.task, "bench")
     runtime = ModelRuntime(served, spec, tokenizer, reference)
-    settings = FrontendSettings()
+    settings = FrontendSettings.model_validate_json(settings_file.read_text())
     backend = BatchingBackend.from_settings(
-        TritonBackend(triton_url, settings.triton_timeout_s), settings
+        TritonBackend(settings.triton_grpc_url, settings.triton_timeout_s), settings
     )
     telemetry = RayTelemetry()
     monitors = Monitors(telemetry)
@@ -79,7 +79,7 @@ async def _drive(args: argparse.Namespace) -> list[dict[str, float]]:
     from starlette.requests import Request
 
     frontend, monitors, telemetry = build_frontend(
-        args.served_dir, args.model, args.version, args.triton
+        args.served_dir, args.model, args.version, args.settings_file
     )
     texts: list[str] = json.loads(args.texts_file.read_text())
     bodies = [
@@ -182,7 +182,8 @@ def worker(argv: Sequence[str]) -> int:
     parser.add_argument("--served-dir", type=Path, required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--version", required=True, help="its own Triton model, per tree")
-    parser.add_argument("--triton", required=True, help="host:port of Triton's gRPC")
+    parser.add_argument("--settings-file", type=Path, required=True,
+                        help="the replicas' FrontendSettings as JSON (the driver's)")  # fmt: skip
     parser.add_argument("--texts-file", type=Path, required=True)
     parser.add_argument("--texts", type=int, default=1, help="texts per request")
     parser.add_argument("--concurrency", type=int, default=32)
@@ -305,20 +306,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write every window here")
     args = parser.parse_args(argv)
     from infergate.bench import stand_in
+    from infergate.config import load_config
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="request-cpu-"))
     model = "sentiment"
     trees = {"A": args.baseline_tree.resolve(), "B": args.tree.resolve()}
-    triton, url = stand_in.start_triton(
+    triton, triton_settings = stand_in.start_triton(
         workdir, args.served_dir, model, ["1", "2"], stand_in=args.stand_in_graph
     )
+    # What a replica of this stack gets (its calls capped at Triton's max_batch_size),
+    # the same for both trees
+    stack = load_config().model_copy(update={"triton": triton_settings})
+    settings_file = workdir / "frontend_settings.json"
+    settings_file.write_text(stack.frontend_settings().model_dump_json())
     results: dict[str, Any] = {}
     try:
         texts_file = write_texts(args.served_dir, workdir / "texts.json")
         for texts, rate in zip(args.texts, args.rates, strict=True):
             for round_ in range(args.rounds):
                 worker_args = [
-                    "--served-dir", str(args.served_dir), "--model", model, "--triton", url,
+                    "--served-dir", str(args.served_dir), "--model", model,
+                    "--settings-file", str(settings_file),
                     "--texts-file", str(texts_file), "--texts", str(texts),
                     "--concurrency", str(args.concurrency), "--seconds", str(args.seconds),
                     "--rate", str(rate),

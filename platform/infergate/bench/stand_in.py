@@ -10,14 +10,19 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infergate.config import TritonSettings
 
 
 def start_triton(
     workdir: Path, served_dir: Path, model: str, versions: Sequence[str], *, stand_in: bool
-) -> tuple[subprocess.Popen, str]:
+) -> tuple[subprocess.Popen, TritonSettings]:
     """A tritonserver serving ``served_dir``'s ONNX file as each of ``model``'s
     ``versions``, one Triton model each, so that side by side no worker waits in the
-    other's queue (with ``stand_in``, :func:`write_stand_in_graph`'s graph instead)."""
+    other's queue (with ``stand_in``, :func:`write_stand_in_graph`'s graph instead);
+    the stack's Triton settings (``load_config``) on free ports."""
     from infergate.config import load_config
     from infergate.stack.processes import free_ports
     from infergate.triton.client import TritonControl
@@ -66,7 +71,7 @@ def start_triton(
         raise
     finally:
         control.close()
-    return process, settings.grpc_url
+    return process, settings
 
 
 def write_stand_in_graph(path: Path, output_name: str) -> None:
