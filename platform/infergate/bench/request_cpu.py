@@ -297,8 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "paced, both trees answer as many requests")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--turns", action="store_true",
-                        help="the trees' workers one after the other, not at once (flat "
-                        "out with 16 texts, the one started second was starved here)")  # fmt: skip
+                        help="the trees' workers one after the other, not at once")  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--stand-in-graph", action="store_true",
                         help="Triton serves a graph that costs it next to nothing "
