@@ -150,10 +150,13 @@ class DriftWindow:
         outputs: np.ndarray,
         *,
         figures: Figures | None = None,
+        at: np.ndarray | None = None,
     ) -> None:
         """Record one request's texts: token counts, unknown-token ratios and the model
         outputs (``Prediction.raw``: class probabilities, raw embeddings...), one row per
-        text; ``figures`` when already taken from them (else taken here)."""
+        text; ``figures`` when already taken from them (else taken here). ``at``: each
+        text's time by ``clock`` (several requests added at once), non-decreasing and
+        not before the texts already in the window; else now."""
         outputs = np.asarray(outputs)
         n = len(lengths)
         if n == 0:
@@ -163,6 +166,8 @@ class DriftWindow:
                 f"one row per text expected: {n} lengths, {len(unknown_ratio)} ratios, "
                 f"outputs of shape {outputs.shape}"
             )
+        if at is not None and len(at) != n:
+            raise ValueError(f"one time per text expected: {n} texts, {len(at)} times")
         if figures is None:
             figures = self.task.figures(outputs, None, ())
         categories = figures.categories
@@ -179,6 +184,7 @@ class DriftWindow:
             keep = slice(n - self.max_texts, n)
             lengths, unknown_ratio, outputs = lengths[keep], unknown_ratio[keep], outputs[keep]
             values = values[keep]
+            at = at[keep] if at is not None else None
             categories = categories[keep] if categories is not None else None
             n = self.max_texts
         first = (self._start + self._size) % self.max_texts
@@ -188,7 +194,7 @@ class DriftWindow:
             if first + n <= self.max_texts
             else (first + np.arange(n)) % self.max_texts
         )
-        self._time[slots] = self.clock()
+        self._time[slots] = self.clock() if at is None else at
         self._length[slots] = lengths
         self._unknown[slots] = unknown_ratio
         self._value[slots] = values

@@ -5,7 +5,13 @@ API (exported by each node's Ray metrics agent), ``NullTelemetry`` records nothi
 
 A replica adds every observation to in-process totals (``Totals``) and its owner hands
 Ray the totals about once a second (``flush``), as gauges named like Prometheus counters
-and histogram series (``_bucket{le=...}``, ``_sum``, ``_count``). Recording each observation through
+and histogram series (``_bucket{le=...}``, ``_sum``, ``_count``). A request only joins a
+list (``RayTelemetry.request``); the totals take the list in at the next read (a flush),
+or once it holds ``PENDING_MAX`` requests, a histogram's values in one numpy pass instead
+of a Python call per value: about a quarter of the replica's own request path, measured
+side by side (``infergate.bench.request_cpu``), was the totals and the statistics taken
+per request. Totals read are the same as added per request: every value counted, and
+each sum added up in the same order. Recording each observation through
 Ray's counters and histograms cost about a quarter of the platform's throughput at a
 few hundred requests a second: a dozen calls into Ray per request in the replica, and
 Ray's metrics agent replays every histogram observation (at its bucket's midpoint, so
@@ -23,10 +29,13 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
+import numpy as np
+
 from infergate import tasks
 from infergate.observe import metrics as m
 from infergate.observe.counters import ShadowCounters
 from infergate.serving.runtime import Prediction
+from infergate.tasks import Figures
 
 
 class Telemetry(Protocol):
@@ -71,6 +80,10 @@ class NullTelemetry:
 
 
 Labels = tuple[str, ...]
+# Requests, and their texts, a replica holds before adding them to its totals: bounds the
+# memory their predictions keep (1,024-dimensional embeddings: 8 MB) between flushes.
+PENDING_MAX = 512
+PENDING_TEXTS_MAX = 2048
 
 
 class Totals:
@@ -101,6 +114,14 @@ class Totals:
         for value in values:
             histogram.add(value)
 
+    def observe_many(self, metric: m.Metric, labels: Labels, values: np.ndarray) -> None:
+        """``observe`` for an array of values, in one pass."""
+        histogram = self._histograms.get((metric.name, labels))
+        if histogram is None:
+            self._metrics[metric.name] = metric
+            histogram = self._histograms[(metric.name, labels)] = _Histogram(metric.buckets)
+        histogram.add_many(values)
+
     def samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
         """``(series name, labels, value)`` for every counter and histogram series."""
         for (name, labels), value in self._counters.items():
@@ -116,10 +137,11 @@ class Totals:
 
 
 class _Histogram:
-    __slots__ = ("bounds", "count", "counts", "les", "sum")
+    __slots__ = ("bounds", "bounds_array", "count", "counts", "les", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
+        self.bounds_array = np.asarray(bounds, dtype=np.float64)
         self.les = [repr(float(bound)) for bound in bounds] + ["+Inf"]  # 0.005, 1.0, +Inf
         self.counts = [0] * (len(bounds) + 1)  # the last one counts values above every bound
         self.sum = 0.0
@@ -132,12 +154,39 @@ class _Histogram:
         self.sum += value
         self.count += 1
 
+    def add_many(self, values: np.ndarray) -> None:
+        """``add`` of every value, the buckets by one ``searchsorted`` (``side="left"``
+        is ``bisect_left``); the sum still added value by value, in order, so that it is
+        the very float ``add`` makes (numpy's ``sum`` pairs values up: other roundings)."""
+        array = np.asarray(values, dtype=np.float64).ravel()
+        finite = array[np.isfinite(array)]
+        if not finite.size:
+            return
+        slots = np.searchsorted(self.bounds_array, finite, side="left")
+        added = np.bincount(slots, minlength=len(self.counts)).tolist()
+        self.counts = [a + b for a, b in zip(self.counts, added, strict=True)]
+        total = self.sum
+        for value in finite.tolist():
+            total += value
+        self.sum = total
+        self.count += int(finite.size)
+
     def cumulative(self) -> Iterator[tuple[str, int]]:
         """``(le, observations <= le)`` per bucket."""
         running = 0
         for le, count in zip(self.les, self.counts, strict=True):
             running += count
             yield le, running
+
+
+def _category_counts(figures: list[Figures]) -> Iterator[tuple[tuple[str, ...], list[float]]]:
+    """Texts per category over ``figures`` (all with categories), per set of names."""
+    by_names: dict[tuple[str, ...], list[np.ndarray]] = {}
+    for figure in figures:
+        assert figure.categories is not None
+        by_names.setdefault(figure.names, []).append(figure.categories)
+    for names, parts in by_names.items():
+        yield names, np.concatenate(parts).sum(axis=0).tolist()
 
 
 def series_definitions() -> Iterator[tuple[str, str, Labels]]:
@@ -159,50 +208,86 @@ class RayTelemetry:
     def __init__(self) -> None:
         from ray.util import metrics as ray_metrics
 
-        self.totals = Totals()
+        self._totals = Totals()
+        self._pending: list[tuple[str, str, int, Prediction | None, float]] = []
+        self._pending_texts = 0
         self._gauges = {
             name: ray_metrics.Gauge(name, description=description, tag_keys=labels)
             for name, description, labels in series_definitions()
         }
 
+    @property
+    def totals(self) -> Totals:
+        """Every request's figures so far, the ones waiting included."""
+        if self._pending:
+            self._add_pending()
+        return self._totals
+
     def request(
         self, model: str, version: str, status: int, prediction: Prediction | None, total_s: float
     ) -> None:
-        totals = self.totals
-        mv = (model, version)
-        totals.inc(m.REQUESTS, (*mv, str(status)))
+        self._pending.append((model, version, status, prediction, total_s))
         if prediction is not None:
-            totals.observe(m.DURATION, (*mv, m.TOTAL.name), (total_s,))
+            self._pending_texts += len(prediction.batch.lengths)
+        if len(self._pending) >= PENDING_MAX or self._pending_texts >= PENDING_TEXTS_MAX:
+            self._add_pending()
+
+    def _add_pending(self) -> None:
+        """The waiting requests into the totals: statuses counted, and the answered
+        ones' figures per version and task, each histogram's values in one pass."""
+        pending, self._pending = self._pending, []
+        self._pending_texts = 0
+        totals = self._totals
+        answered: dict[tuple[str, str, tasks.Task], list[tuple[Prediction, float]]] = {}
+        for model, version, status, prediction, total_s in pending:
+            totals.inc(m.REQUESTS, (model, version, str(status)))
+            if prediction is not None:
+                key = (model, version, tasks.of(prediction))
+                answered.setdefault(key, []).append((prediction, total_s))
+        for (model, version, task), predictions in answered.items():
+            self._answered((model, version), task, predictions)
+
+    def _answered(
+        self, mv: Labels, task: tasks.Task, predictions: list[tuple[Prediction, float]]
+    ) -> None:
+        totals = self._totals
+        totals.observe_many(m.DURATION, (*mv, m.TOTAL.name), np.array([s for _, s in predictions]))
+        stages: dict[str, list[float]] = {}
+        for prediction, _ in predictions:
             for stage, seconds in prediction.timings.stages():
-                totals.observe(m.DURATION, (*mv, stage.name), (seconds,))
-            self._outputs(mv, prediction)
-
-    def caller(self, key: str, model: str, status: int) -> None:
-        self.totals.inc(m.KEY_REQUESTS, (key, model, str(status)))
-
-    def _outputs(self, mv: Labels, prediction: Prediction) -> None:
-        totals = self.totals
-        batch = prediction.batch
-        texts = len(batch.lengths)
-        totals.inc(m.TEXTS, mv, texts)
-        totals.observe(m.TEXTS_PER_REQUEST, mv, (texts,))
-        totals.observe(m.INPUT_TOKENS, mv, batch.lengths.tolist())
-        totals.observe(m.UNKNOWN_TOKEN_RATIO, mv, batch.unknown_ratio.tolist())
-        truncated = int(batch.truncated.sum())
+                stages.setdefault(stage.name, []).append(seconds)
+        for stage_name, seconds_list in stages.items():
+            totals.observe_many(m.DURATION, (*mv, stage_name), np.array(seconds_list))
+        batches = [prediction.batch for prediction, _ in predictions]
+        texts = [len(batch.lengths) for batch in batches]
+        totals.inc(m.TEXTS, mv, sum(texts))
+        totals.observe_many(m.TEXTS_PER_REQUEST, mv, np.array(texts))
+        totals.observe_many(m.INPUT_TOKENS, mv, np.concatenate([b.lengths for b in batches]))
+        unknown = np.concatenate([b.unknown_ratio for b in batches])
+        totals.observe_many(m.UNKNOWN_TOKEN_RATIO, mv, unknown)
+        truncated = int(np.concatenate([b.truncated for b in batches]).sum())
         if truncated:
             totals.inc(m.TRUNCATED, mv, truncated)
-        task = tasks.of(prediction)
-        figures = prediction.figures or task.figures(prediction.raw, batch, prediction.labels)
-        totals.observe(task.value_metric, mv, figures.values.tolist())
-        generated = float(figures.values.sum())
-        if task.time_per_token_metric is not None and generated > 0:
-            per_token = prediction.timings.inference_s / generated
-            totals.observe(task.time_per_token_metric, mv, (per_token,))
-        if task.category_metric is not None and figures.categories is not None:
-            counts = figures.categories.sum(axis=0)
-            for name, count in zip(figures.names, counts.tolist(), strict=True):
-                if count:
-                    totals.inc(task.category_metric, (*mv, name), count)
+        figures = [
+            prediction.figures or task.figures(prediction.raw, prediction.batch, prediction.labels)
+            for prediction, _ in predictions
+        ]
+        totals.observe_many(task.value_metric, mv, np.concatenate([f.values for f in figures]))
+        if task.time_per_token_metric is not None:
+            for (prediction, _), figure in zip(predictions, figures, strict=True):
+                generated = float(figure.values.sum())
+                if generated > 0:
+                    per_token = prediction.timings.inference_s / generated
+                    totals.observe(task.time_per_token_metric, mv, (per_token,))
+        if task.category_metric is not None:
+            counted = [f for f in figures if f.categories is not None]
+            for names, counts in _category_counts(counted):
+                for name, count in zip(names, counts, strict=True):
+                    if count:
+                        totals.inc(task.category_metric, (*mv, name), count)
+
+    def caller(self, key: str, model: str, status: int) -> None:
+        self._totals.inc(m.KEY_REQUESTS, (key, model, str(status)))
 
     def flush(self) -> None:
         for name, tags, value in self.totals.samples():

@@ -229,3 +229,19 @@ def test_mismatched_class_count_is_a_clear_error():
     window = DriftWindow(_classification_reference(rng), "text-classification", clock=FakeClock())
     with pytest.raises(ValueError, match="3 classes"):
         window.add(np.array([5]), np.zeros(1), np.array([[0.5, 0.5]]))
+
+
+def test_texts_added_together_keep_the_times_given_and_age_out_by_them():
+    rng = np.random.default_rng(8)
+    clock = FakeClock(100.0)
+    window = DriftWindow(
+        _classification_reference(rng), "text-classification", max_age_s=60, clock=clock
+    )
+    lengths, unknown, probs = _classification_traffic(rng, 100)
+    at = np.repeat([100.0, 130.0], 50)  # two requests, 30 s apart, added at 140
+    clock.now = 140.0
+    window.add(lengths, unknown, probs, at=at)
+    clock.now = 160.5  # the first request's texts are 60.5 s old, the second's 30.5
+    assert window.count == 50
+    with pytest.raises(ValueError, match="one time per text"):
+        window.add(lengths, unknown, probs, at=at[:3])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fakes import FakeClock, Recorder
-from infergate.observe.monitor import Monitors
+from infergate.observe.monitor import PENDING_MAX, Monitors
 from infergate.observe.reference import reference_stats
 from infergate.serving.runtime import Prediction, Timings
 from infergate.serving.tokenization import Batch
@@ -62,3 +62,39 @@ def test_drift_is_published_then_marked_stale_when_the_window_drains():
     clock.now = 10_000.0  # everything in the window has aged out
     monitors.record(rt, 200, 0.004, prediction(1, 0.9))
     assert math.isnan(recorder.drifts[-1][("predicted_class", "psi")])
+
+
+def test_requests_read_later_count_and_drift_as_if_added_one_by_one():
+    reference = reference_stats("text-classification", np.full(100, 10), np.zeros(100),
+                                np.tile([0.2, 0.8], (100, 1)), LABELS)  # fmt: skip
+    rt = runtime(reference)
+    later_clock, each_clock = FakeClock(0.0), FakeClock(0.0)
+    later = Monitors(Recorder(), clock=later_clock, publish_interval_s=1e9)
+    each = Monitors(Recorder(), clock=each_clock, publish_interval_s=1e9)
+    for i in range(80):
+        later_clock.now = each_clock.now = float(i)
+        request = prediction(1 + i % 3, 0.9 if i % 4 else 0.1)
+        status, seconds = (503, 0.5) if i % 10 == 0 else (200, 0.001 * i)
+        later.record(rt, status, seconds, None if status == 503 else request)
+        each.record(rt, status, seconds, None if status == 503 else request)
+        assert each.counters["m/1"].requests == i + 1  # read: nothing waits
+    assert later._pending  # the first request's publish took only the first in
+    later_clock.now = each_clock.now = 80.0
+    assert later.counters["m/1"].to_dict() == each.counters["m/1"].to_dict()
+    texts = sum(1 + i % 3 for i in range(80) if i % 10)
+    assert later.windows[("m", "1")].count == each.windows[("m", "1")].count == texts
+    assert later.windows[("m", "1")].scores() == each.windows[("m", "1")].scores()
+    # Requests 0-49 came more than 600 s before: their texts leave by when they came
+    later_clock.now = each_clock.now = 650.0
+    young = sum(1 + i % 3 for i in range(50, 80) if i % 10)
+    assert later.windows[("m", "1")].count == each.windows[("m", "1")].count == young
+
+
+def test_waiting_requests_are_bounded():
+    monitors = Monitors(Recorder(), clock=FakeClock(0.0), publish_interval_s=1e9)
+    rt = runtime({})
+    for _ in range(3 * PENDING_MAX):
+        monitors.record(rt, 200, 0.004, prediction(1, 0.9))
+    assert len(monitors._pending) < PENDING_MAX
+    assert monitors._counters["m/1"].requests > 2 * PENDING_MAX
+    assert monitors.counters["m/1"].requests == 3 * PENDING_MAX

@@ -8,7 +8,7 @@ import pytest
 
 from infergate.observe import metrics as m
 from infergate.observe.counters import ShadowCounters
-from infergate.observe.telemetry import RayTelemetry, Totals, series_definitions
+from infergate.observe.telemetry import PENDING_MAX, RayTelemetry, Totals, series_definitions
 from infergate.serving.runtime import Prediction, Timings
 from infergate.serving.tokenization import Batch
 from infergate.tasks import Figures
@@ -160,3 +160,33 @@ def test_the_payload_logs_outcomes_set_their_series():
     outcomes = {dict(tags)["outcome"]: value
                 for tags, value in gauges[m.PAYLOAD_RECORDS.full_name].values.items()}  # fmt: skip
     assert outcomes == {"written": 40, "dropped": 4, "failed": 1}
+
+
+def test_values_added_at_once_give_the_buckets_and_the_very_sum_of_one_by_one():
+    rng = np.random.default_rng(3)
+    values = np.concatenate([rng.exponential(0.01, 500), [np.nan, np.inf, 0.001, 0.0]])
+    each, at_once = Totals(), Totals()
+    for value in values.tolist():
+        each.observe(m.DURATION, ("m", "1", "total"), (value,))
+    at_once.observe_many(m.DURATION, ("m", "1", "total"), values[:200])
+    at_once.observe_many(m.DURATION, ("m", "1", "total"), values[200:])
+    assert by_name(at_once) == by_name(each)  # == on the sums: not approx
+
+
+def test_requests_wait_until_the_totals_are_read_or_too_many_wait():
+    telemetry = RayTelemetry()
+    requests = [
+        prediction(np.array([[0.2, 0.8], [0.9, 0.1]]), ["neg", "pos"]),
+        replace(prediction(np.array([[0.3, 0.7]]), ["neg", "pos"]), timings=Timings(0.1, 0.2)),
+    ]
+    each = RayTelemetry()
+    for i in range(40):
+        telemetry.request("s", "1", 200 if i % 5 else 503, requests[i % 2], 0.001 * i)
+        each.request("s", "1", 200 if i % 5 else 503, requests[i % 2], 0.001 * i)
+        each.flush()  # a read: nothing waits after it
+    assert len(telemetry._pending) == 40
+    assert by_name(telemetry.totals) == by_name(each.totals)
+    assert not telemetry._pending
+    for _ in range(PENDING_MAX):
+        telemetry.request("s", "1", 200, requests[0], 0.001)
+    assert not telemetry._pending
