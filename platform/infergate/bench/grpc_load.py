@@ -28,6 +28,7 @@ from infergate.protocols.v2_binary import to_binary
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # One TCP connection per channel, and no limit on a call's answer below the server's.
 CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", -1))
+DETAILS_CHARS = 60
 
 
 def infer_request(model: str, input_name: str, texts: Sequence[str]) -> bytes:
@@ -104,7 +105,11 @@ class GrpcCall:
             code = error.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return "timeout", False
-            return f"gRPC {code.name}", code == grpc.StatusCode.UNAVAILABLE
+            # The status and the start of its message (who refused: the front-end, or the
+            # ingress in front of it), as a bounded set of kinds.
+            details = (error.details() or "").strip()[:DETAILS_CHARS]
+            kind = f"gRPC {code.name}" + (f": {details}" if details else "")
+            return kind, code == grpc.StatusCode.UNAVAILABLE
         return None, False
 
     async def close(self) -> None:
