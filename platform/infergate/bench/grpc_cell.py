@@ -46,6 +46,9 @@ CONCURRENCY = 32
 TOKENS = 16
 CLIENTS_PER_CHANNEL = 1  # a channel, so a connection, per client: see the docstring
 INPUT = "text"  # the V2 input of a text model (infergate.protocols.kserve_v2)
+# The platform's Ray Serve application (infergate.serve_app.APP_NAME, not imported here:
+# that module loads Ray), named in each call: the lean scenario deploys a second one.
+APPLICATION = (("application", "infergate"),)
 PREDICT_PATH = InfergateStack.path
 V2_PATH = f"/v2/models/{MODEL_NAME}/infer"
 
@@ -100,7 +103,7 @@ WAYS = (
         lambda stack, requests: GrpcTarget(
             HOST, _grpc_port(stack),
             tuple(infer_request(MODEL_NAME, INPUT, texts) for texts in requests),
-            clients_per_channel=CLIENTS_PER_CHANNEL)),
+            clients_per_channel=CLIENTS_PER_CHANNEL, metadata=APPLICATION)),
 )  # fmt: skip
 
 
@@ -122,7 +125,7 @@ def probe(stack: InfergateStack, timeout_s: float) -> dict[str, Any]:
     if rest_status != 200:
         raise RuntimeError(f"the V2 REST probe answered {rest_status}: {rest_answer[:300]!r}")
     request = infer_request(MODEL_NAME, INPUT, texts)
-    grpc_target = GrpcTarget(HOST, _grpc_port(stack), (request,))
+    grpc_target = GrpcTarget(HOST, _grpc_port(stack), (request,), metadata=APPLICATION)
     over_grpc = infer_outputs(run_sync(lambda: call_once(grpc_target, request, timeout_s)))
     over_rest = v2_outputs(rest_answer)
     labels = {

@@ -62,6 +62,9 @@ class GrpcTarget:
     bodies: tuple[bytes, ...]
     clients_per_channel: int = 1
     method: str = MODEL_INFER
+    # Sent with every call: Ray Serve's ingress picks the application by ``application``
+    # when more than one is deployed.
+    metadata: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         check_loopback(self.host)
@@ -87,20 +90,30 @@ class GrpcTarget:
             grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
             for _ in range(math.ceil(count / per))
         ]
-        return [GrpcCall(channels[i // per], self.method, i % per == 0) for i in range(count)]
+        return [
+            GrpcCall(channels[i // per], self.method, self.metadata, owns_channel=i % per == 0)
+            for i in range(count)
+        ]
 
 
 class GrpcCall:
     """One worker's calls on a (shared) channel; bytes in, bytes out."""
 
-    def __init__(self, channel: grpc.aio.Channel, method: str, owns_channel: bool) -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        method: str,
+        metadata: tuple[tuple[str, str], ...],
+        owns_channel: bool,
+    ) -> None:
         self.channel = channel
+        self.metadata = metadata
         self.owns_channel = owns_channel
         self.stub: Any = channel.unary_unary(method)  # no serializers: bytes as they are
 
     async def call(self, request: bytes, timeout_s: float) -> Outcome:
         try:
-            await self.stub(request, timeout=timeout_s)
+            await self.stub(request, timeout=timeout_s, metadata=self.metadata)
         except grpc.aio.AioRpcError as error:
             code = error.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -121,5 +134,6 @@ async def call_once(target: GrpcTarget, request: bytes, timeout_s: float = 30.0)
     """One call on a channel of its own, its answer's bytes (a refusal raises
     ``grpc.aio.AioRpcError``): for probes."""
     async with grpc.aio.insecure_channel(target.address, options=CHANNEL_OPTIONS) as channel:
-        answer: bytes = await channel.unary_unary(target.method)(request, timeout=timeout_s)
+        call = channel.unary_unary(target.method)
+        answer: bytes = await call(request, timeout=timeout_s, metadata=target.metadata)
         return answer

@@ -48,6 +48,8 @@ def serve(refuse_every: int = 0) -> Callable[[Any], Awaitable[Any]]:
     async def model_infer(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         seen["calls"] += 1
         seen[context.peer()] += 0  # the connection it came on
+        application = dict(context.invocation_metadata()).get("application")
+        seen[f"application={application}"] += 1
         if refuse_every and seen["calls"] % refuse_every == 0:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "Triton is away")
         request = service_pb2.ModelInferRequest.FromString(raw)
@@ -94,7 +96,8 @@ def test_load_counts_answers_and_shares_channels_as_asked(per_channel, connectio
     bodies = tuple(infer_request("m", "text", [f"text {i}"]) for i in range(3))
 
     async def load(port: int, seen: Counter[str]) -> tuple[LoadResult, Counter[str]]:
-        target = GrpcTarget("127.0.0.1", port, bodies, clients_per_channel=per_channel)
+        named = (("application", "a"),)
+        target = GrpcTarget("127.0.0.1", port, bodies, per_channel, metadata=named)
         result = await run_load(target, concurrency=4, duration_s=0.3, warmup_s=0.1)
         return result, seen
 
@@ -102,8 +105,9 @@ def test_load_counts_answers_and_shares_channels_as_asked(per_channel, connectio
     summary = result.summary()
     assert summary["ok"] >= 8 and summary["errors"] == 0 and result.warmup_requests > 0
     assert summary["requests"] + result.warmup_requests <= seen["calls"]
-    peers = [peer for peer in seen if peer != "calls"]
+    peers = [peer for peer in seen if peer != "calls" and not peer.startswith("application=")]
     assert len(peers) == connections, peers
+    assert seen["application=a"] == seen["calls"]  # every call names it
 
 
 def test_refusals_are_counted_by_status():
