@@ -313,6 +313,10 @@ def test_the_grpc_cell_measures_the_front_end_each_way_in_on_the_same_texts(resu
         assert ratio["requests_per_s"] == pytest.approx(
             grpc["requests_per_s"] / http["requests_per_s"]
         )
-    # What the cell adds to a smoke run (the issue allows about 15 s; a busy box more).
-    assert 0 < cell["cell_s"] <= 30
+    # What the cell adds to a smoke run, the issue allows about 15 s: its six measurements
+    # (each taken once in the smoke) and little else. On a busy box a measurement's window
+    # waits for two answers per client, which can take longer than the cell's 0.6 s.
+    assert all(row["attempts"] == 1 for row in cell["rows"])
+    measured = sum(row["elapsed_s"] for row in cell["rows"])
+    assert 0 < measured < cell["cell_s"] <= max(15.0, measured + 10.0), (measured, cell["cell_s"])
     assert "## gRPC beside HTTP" in (out / "results.md").read_text()

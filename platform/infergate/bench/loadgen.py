@@ -228,6 +228,7 @@ class LoadResult:
             "errors": sum(self.errors.values()),
             "error_kinds": dict(self.errors),
             "window_s": round(self.window_s, 4),
+            "elapsed_s": round(self.elapsed_s, 4),  # warm-up and the last answers too
             "requests_per_s": self.requests_per_s,
             "p50_ms": percentile(ordered, 50),
             "p95_ms": percentile(ordered, 95),
