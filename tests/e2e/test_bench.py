@@ -1,10 +1,10 @@
 """`infergate bench --smoke` end to end, in one run: the in-process ceiling, the naive
 FastAPI/PyTorch server (fp32, and int8 by PyTorch's dynamic quantisation), the Triton
 ensemble, the Ray Serve floor, the lean front-end on the whole stack, the short form of
-the task cells (`--tasks`) and the batch cell, all real processes on free ports. One run:
-the model is prepared and the ceiling measured once for every part, the whole stack
-started once (in the smoke the task cells and the batch cell run on the lean scenario's
-stack), each test reading its results.
+the task cells (`--tasks`), the gRPC cell and the batch cell, all real processes on free
+ports. One run: the model is prepared and the ceiling measured once for every part, the
+whole stack started once (in the smoke the gRPC, task and batch cells run on the lean
+scenario's stack), each test reading its results.
 
 The `infergate` scenario itself and the in-process front-end are left out here only
 because they take longer; `infergate bench --quick` runs them all. The first run on a
@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from infergate.bench.analysis import best_ceiling_row, cell_row
+from infergate.bench.grpc_cell import WAYS
 from infergate.bench.workload import PROBE_TEXTS, TARGET_CELLS
 
 # The first test waits for the whole run (its module fixture).
@@ -36,13 +37,15 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The results folder of the one `bench --smoke` run every test reads."""
     out = tmp_path_factory.mktemp("bench") / "results"
     command = [sys.executable, "-m", "infergate.bench.cli", "bench", "--smoke", "--out", str(out)]
-    command += ["--scenarios", "ceiling", *SCENARIOS, *STACK_SCENARIOS, "batch", "--tasks"]
+    command += ["--scenarios", "ceiling", *SCENARIOS, *STACK_SCENARIOS, "grpc", "batch", "--tasks"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1400, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     for name in ("results.json", "results.md", "throughput.png", "latency.png", "memory.png"):
         assert (out / name).stat().st_size > 0, name
-    # A progress line per measured cell (the task cell has 4 texts a request).
-    assert done.stderr.count("c=32  texts=16") == len(SCENARIOS) + len(STACK_SCENARIOS)
+    # A progress line per measured cell (the task cell has 4 texts a request), and the gRPC
+    # cell's one per way in.
+    expected = len(SCENARIOS) + len(STACK_SCENARIOS) + len(WAYS)
+    assert done.stderr.count("c=32  texts=16") == expected
     # One stack: the task cells did not start one of their own.
     assert "[tasks] starting the stack" not in done.stderr
     return out
@@ -279,3 +282,41 @@ def test_the_batch_cell_runs_a_job_beside_the_ceiling_and_the_online_path(result
         job["busy_rows_per_s"] / online["rows_per_s"]
     )
     assert "## Batch" in (out / "results.md").read_text()
+
+
+def test_the_grpc_cell_measures_the_front_end_each_way_in_on_the_same_texts(results, out: Path):
+    """The platform's front-end over gRPC (V2 ModelInfer) beside HTTP (/predict and V2
+    REST) on the lean stack, same texts, c=32: every row answered without errors, the
+    answers equal, and gRPC's ratios to each HTTP way (no threshold: the box is shared)."""
+    cell = results["grpc"]
+    assert "error" not in cell, cell
+    assert cell["stack"] == "lean"
+    probe = cell["probe"]
+    assert probe["agree"] is True and probe["tensors_equal_v2_rest"] is True
+    assert probe["labels"] == {way.name: ["positive", "negative"] for way in WAYS}
+    measured = {(row["cell"], row["way"]) for row in cell["rows"]}
+    cells = [c.key for c in TARGET_CELLS if c.concurrency == 32]
+    assert measured == {(c, way.name) for c in cells for way in WAYS}
+    for row in cell["rows"]:
+        assert row["errors"] == 0, (row["way"], row["error_kinds"])
+        assert row["ok"] >= 2 * row["concurrency"] and row["requests_per_s"] > 0
+        assert 0 < row["p50_ms"] <= row["p99_ms"]
+        assert row["server_cpu_percent"]["serve replica"] > 0
+    rows = {(r["cell"], r["way"]): r for r in results["grpc_rows"]}
+    assert all(r["replica_ms"] > 0 and r["total_cpu_ms"] > 0 for r in rows.values())
+    ratios = results["grpc_ratios"]
+    assert {(r["cell"], r["over"]) for r in ratios} == {
+        (c, way.name) for c in cells for way in WAYS if way.name != "grpc v2"
+    }
+    for ratio in ratios:
+        grpc, http = rows[(ratio["cell"], "grpc v2")], rows[(ratio["cell"], ratio["over"])]
+        assert ratio["requests_per_s"] == pytest.approx(
+            grpc["requests_per_s"] / http["requests_per_s"]
+        )
+    # What the cell adds to a smoke run, the issue allows about 15 s: its six measurements
+    # (each taken once in the smoke) and little else. On a busy box a measurement's window
+    # waits for two answers per client, which can take longer than the cell's 0.6 s.
+    assert all(row["attempts"] == 1 for row in cell["rows"])
+    measured = sum(row["elapsed_s"] for row in cell["rows"])
+    assert 0 < measured < cell["cell_s"] <= max(15.0, measured + 10.0), (measured, cell["cell_s"])
+    assert "## gRPC beside HTTP" in (out / "results.md").read_text()

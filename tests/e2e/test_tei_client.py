@@ -311,6 +311,28 @@ def test_pairs_on_predict_score_as_rerank_does(http):
     assert "which reads one text" in refused.json()["error"]
 
 
+def test_the_top_level_rerank_cuts_the_end_it_is_asked_to(http):
+    """``POST /rerank`` takes TEI's ``truncation_direction`` as ``/tei/{model}/rerank``
+    does: the same scores for each end, and the same message for an end that is none."""
+    query, texts = "the film", ["the food " * 300 + TINY_TEXTS[0], TINY_TEXTS[1]]
+    scores = {}
+    for direction in ("Left", "Right"):
+        value = {"query": query, "texts": texts, "truncation_direction": direction}
+        top = http.post("/rerank", json={**value, "model": "tei-rerank"})
+        assert top.status_code == 200, top.text
+        assert top.json() == http.post("/tei/tei-rerank/rerank", json=value).json()
+        scores[direction] = {r["index"]: r["score"] for r in top.json()}
+    # Cut at the left the long text keeps its end, at the right its start: two texts.
+    assert scores["Left"][0] != scores["Right"][0]
+    assert scores["Left"][1] == pytest.approx(scores["Right"][1], abs=1e-6)
+    bad = {"query": query, "texts": texts, "truncation_direction": "Middle"}
+    refused = http.post("/rerank", json={**bad, "model": "tei-rerank"})
+    tei_refused = http.post("/tei/tei-rerank/rerank", json=bad)
+    assert refused.status_code == tei_refused.status_code == 422
+    assert refused.json()["error"] == tei_refused.json()["error"]
+    assert "is not one of TEI's ends" in refused.json()["error"]
+
+
 def test_embed_all_is_refused_with_teis_424_saying_why(http):
     refused = http.post("/tei/embed/embed_all", json={"inputs": "What is Deep Learning?"})
     assert refused.status_code == 424

@@ -73,8 +73,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     failed += task_failures(results.get("tasks") or {})
     if (results.get("ceiling") or {}).get("error"):
         failed.append("ceiling")
-    if (results.get("batch") or {}).get("error"):
-        failed.append("batch")
+    for cell in ("grpc", "batch"):
+        if (results.get(cell) or {}).get("error"):
+            failed.append(cell)
     if failed:
         _say(f"scenarios that failed: {', '.join(failed)}")
         return 1

@@ -1,11 +1,12 @@
-"""A closed-loop HTTP/1.1 load generator on asyncio, for loopback servers only.
+"""A closed-loop load generator on asyncio, for loopback servers only.
 
-``concurrency`` workers each keep one keep-alive connection and send the next request as
-soon as the previous answer is read, for a duration, after a warm-up whose requests are
-not counted. Requests are prepared as bytes once, and answers are
-parsed just enough to find their end: on a 2-core box the generator shares the CPU with the
-server it measures, so it should spend as little as it can (its own CPU time is reported
-with every result). uvloop is used when installed.
+``concurrency`` workers each send the next request as soon as the previous answer is read,
+for a duration, after a warm-up whose requests are not counted. What a worker sends over
+is its target's (a ``LoadTarget``): here HTTP/1.1, a keep-alive connection per worker
+(``HttpTarget``); gRPC in ``infergate.bench.grpc_load``. Requests are prepared as bytes
+once, and answers are parsed just enough to find their end: on a 2-core box the generator
+shares the CPU with the server it measures, so it should spend as little as it can (its
+own CPU time is reported with every result). uvloop is used when installed.
 
 Counting: a request counts when its answer arrives inside the measuring window, which
 opens when the warm-up ends and closes at the first answer after the duration, but not
@@ -24,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 LOOPBACK_NAMES = frozenset({"localhost"})
 MAX_CONCURRENCY = 1024
@@ -43,6 +44,34 @@ def check_loopback(host: str) -> None:
         loopback = False
     if not loopback:
         raise ValueError(f"host {host!r} is not a loopback address; use 127.0.0.1 or ::1")
+
+
+# One call's outcome: None or the failure's kind (counted as an error), and whether the
+# worker should pause before its next call (its connection failed: no tight loop on a
+# dead server).
+Outcome = tuple[str | None, bool]
+
+
+class LoadClient(Protocol):
+    """What one worker sends its requests through."""
+
+    async def call(self, request: bytes, timeout_s: float) -> Outcome:
+        """Send one prepared request and wait for its whole answer."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class LoadTarget(Protocol):
+    """Where load goes: its requests, prepared once, and a client per worker."""
+
+    def prepared(self) -> list[bytes]:
+        """The requests as sent, cycled through by the workers."""
+        ...
+
+    def clients(self, count: int) -> list[LoadClient]:
+        """``count`` clients, one per worker; made inside the running event loop."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -69,6 +98,53 @@ class HttpTarget:
             "Connection: keep-alive\r\n\r\n"
         )
         return head.encode("ascii") + body
+
+    def prepared(self) -> list[bytes]:
+        return [self.request_bytes(body) for body in self.bodies]
+
+    def clients(self, count: int) -> list[LoadClient]:
+        return [HttpConnection(self.host, self.port) for _ in range(count)]
+
+
+class HttpConnection:
+    """A worker's keep-alive connection, opened on its first call and again after the
+    server closed it or a call failed."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def call(self, request: bytes, timeout_s: float) -> Outcome:
+        failure: str | None = None
+        try:
+            if self.reader is None or self.writer is None:
+                self.reader, self.writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port), timeout_s
+                )
+            reader, writer = self.reader, self.writer
+            assert reader is not None and writer is not None
+            writer.write(request)
+            status, _, keep_alive = await asyncio.wait_for(read_response(reader), timeout_s)
+            if status >= 400:
+                failure = f"HTTP {status}"
+        except asyncio.TimeoutError:
+            failure, keep_alive = "timeout", False
+        except (
+            OSError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ValueError,
+        ) as exc:
+            failure, keep_alive = type(exc).__name__, False
+        if not keep_alive:
+            await self.close()
+        return failure, failure is not None and not keep_alive
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
 
 
 def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
@@ -152,6 +228,7 @@ class LoadResult:
             "errors": sum(self.errors.values()),
             "error_kinds": dict(self.errors),
             "window_s": round(self.window_s, 4),
+            "elapsed_s": round(self.elapsed_s, 4),  # warm-up and the last answers too
             "requests_per_s": self.requests_per_s,
             "p50_ms": percentile(ordered, 50),
             "p95_ms": percentile(ordered, 95),
@@ -189,7 +266,7 @@ def _check_bounds(concurrency: int, duration_s: float, warmup_s: float, timeout_
 
 
 async def run_load(
-    target: HttpTarget,
+    target: LoadTarget,
     *,
     concurrency: int,
     duration_s: float,
@@ -205,7 +282,7 @@ async def run_load(
     """
     _check_bounds(concurrency, duration_s, warmup_s, timeout_s)
     floor = 2 * concurrency
-    prepared = [target.request_bytes(body) for body in target.bodies]
+    prepared = target.prepared()
     result = LoadResult(concurrency)
     cpu_start = time.process_time()
     start = time.perf_counter()
@@ -228,45 +305,23 @@ async def run_load(
         if (ended >= soft_stop and counted >= floor) or ended >= hard_stop:
             window_end.append(ended)
 
-    async def worker(index: int) -> None:
-        reader: asyncio.StreamReader | None = None
-        writer: asyncio.StreamWriter | None = None
+    async def worker(index: int, client: LoadClient) -> None:
         position = index
         while not window_end:
             request = prepared[position % len(prepared)]
             position += concurrency
-            failure: str | None = None
             began = time.perf_counter()
-            try:
-                if writer is None:
-                    reader, writer = await asyncio.wait_for(
-                        asyncio.open_connection(target.host, target.port), timeout_s
-                    )
-                assert reader is not None
-                writer.write(request)
-                status, _, keep_alive = await asyncio.wait_for(read_response(reader), timeout_s)
-                if status >= 400:
-                    failure = f"HTTP {status}"
-            except asyncio.TimeoutError:
-                failure, keep_alive = "timeout", False
-            except (
-                OSError,
-                asyncio.IncompleteReadError,
-                asyncio.LimitOverrunError,
-                ValueError,
-            ) as exc:
-                failure, keep_alive = type(exc).__name__, False
+            failure, pause = await client.call(request, timeout_s)
             ended = time.perf_counter()
-            if not keep_alive and writer is not None:
-                writer.close()
-                reader = writer = None
             count(ended, (ended - began) * 1e3, failure)
-            if failure is not None and writer is None:
+            if pause:
                 await asyncio.sleep(ERROR_PAUSE_S)
-        if writer is not None:
-            writer.close()
 
-    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    clients = target.clients(concurrency)
+    try:
+        await asyncio.gather(*(worker(i, client) for i, client in enumerate(clients)))
+    finally:
+        await asyncio.gather(*(client.close() for client in clients))
     result.window_s = (window_end[0] if window_end else time.perf_counter()) - window_start
     result.client_cpu_s = time.process_time() - cpu_start
     result.elapsed_s = time.perf_counter() - start

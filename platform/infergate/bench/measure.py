@@ -13,7 +13,7 @@ from typing import Any
 
 from infergate.bench import procfs
 from infergate.bench.analysis import cell_row, single_text_target_rps
-from infergate.bench.loadgen import HttpTarget, run_load, run_sync
+from infergate.bench.loadgen import LoadTarget, run_load, run_sync
 from infergate.bench.options import BenchOptions, Say
 from infergate.bench.prepare import PreparedModel
 from infergate.bench.scenarios import Scenario
@@ -44,7 +44,7 @@ def _bodies(scenario: Scenario, texts: TextSets, cell: Cell) -> list[bytes]:
 
 def measure_cell(
     scenario: Scenario, texts: TextSets, cell: Cell, profile: Profile, options: BenchOptions,
-    say: Say, target: HttpTarget | None = None,
+    say: Say, target: LoadTarget | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Drive one cell and return its row: load figures, CPU by component, memory.
 
@@ -68,7 +68,7 @@ def measure_cell(
 
 
 def _measure_once(
-    scenario: Scenario, target: HttpTarget, cell: Cell, profile: Profile, timeout_s: float
+    scenario: Scenario, target: LoadTarget, cell: Cell, profile: Profile, timeout_s: float
 ) -> dict[str, Any]:
     roots, metrics_url = scenario.roots(), scenario.triton_metrics_url
     triton_before = procfs.triton_counters(metrics_url) if metrics_url else {}

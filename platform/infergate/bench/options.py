@@ -13,10 +13,11 @@ from infergate.bench.workload import Profile
 
 ALL_SCENARIOS = (
     "ceiling", "infergate", "lean", "inprocess", "floor", "ensemble", "naive", "naive-int8",
-    "batch",
+    "grpc", "batch",
 )  # fmt: skip
-# The scenarios on the whole stack, in the order the batch cell (not a server: it runs on
-# the first of them that runs, infergate.bench.batch_cell) looks for one.
+# The scenarios on the whole stack, in the order the gRPC and batch cells (not servers:
+# each runs on the first of them that runs, infergate.bench.grpc_cell and batch_cell)
+# look for one.
 STACK_SCENARIOS = ("lean", "infergate")
 # The peers of the embeddings task cell (infergate.bench.peers).
 PEER_NAMES = ("fastembed", "infinity")

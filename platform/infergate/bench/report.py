@@ -26,6 +26,7 @@ from infergate.bench.analysis import (
 )
 from infergate.bench.batch_table import batch_section
 from infergate.bench.cost import cost_rows, cost_section, gpu_rate
+from infergate.bench.grpc_table import grpc_ratios, grpc_section, way_rows
 from infergate.bench.plots import write_plots
 from infergate.bench.tables import num, table
 from infergate.bench.targets import evaluate_targets
@@ -91,6 +92,7 @@ def markdown(results: dict[str, Any]) -> str:
     if results.get("scenarios") or results.get("ceiling"):
         out += _scenario_sections(results)
     out += _task_section(results)
+    out += grpc_section(results)
     out += batch_section(results)
     return "\n".join(out) + "\n"
 
@@ -375,6 +377,8 @@ def write_report(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         "latency_budget": latency_budget(results),
         "task_rows": task_rows(results),
         "cost": cost_rows(results, gpu_rate(results)),
+        "grpc_rows": way_rows(results.get("grpc") or {}),
+        "grpc_ratios": grpc_ratios(results.get("grpc") or {}),
     }
     files = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
     files["json"].write_text(json.dumps(document, indent=2, default=str) + "\n")

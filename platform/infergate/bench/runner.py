@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from infergate.bench import procfs
+from infergate.bench import grpc_cell, procfs
 from infergate.bench.analysis import WITHOUT_MODEL
 from infergate.bench.baselines import (
     EnsembleTriton,
@@ -149,17 +149,20 @@ def faster_rows(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> li
 S = TypeVar("S", bound=Scenario)
 
 
-def in_turn(first: Callable[[S], None], then: Callable[[S], None] | None) -> Callable[[S], None]:
-    """``first``, then ``then`` (when given) whatever ``first`` met."""
+def in_turn(*steps: Callable[[S], None] | None) -> Callable[[S], None] | None:
+    """Each of ``steps`` given, in turn, whatever the ones before met (None: none given)."""
+    given = [step for step in steps if step is not None]
+    if not given:
+        return None
 
-    def both(scenario: S) -> None:
+    def every(scenario: S) -> None:
         try:
-            first(scenario)
+            given[0](scenario)
         finally:
-            if then is not None:
-                then(scenario)
+            if rest := in_turn(*given[1:]):
+                rest(scenario)
 
-    return both
+    return every
 
 
 def run_scenario(
@@ -284,9 +287,15 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
         tasks: TaskRun | None = None
         shared: dict[str, Any] | None = None  # its stack entry, once measured on lean's
 
-        # The batch cell runs on the first stack scenario's stack, or on one of its own.
+        # The gRPC and batch cells run on the first stack scenario's stack, after its
+        # cells, or each on one of its own.
         stacks = [n for n in options.scenarios if n in STACK_SCENARIOS]
         batch_on = stacks[0] if "batch" in options.scenarios and stacks else None
+        grpc_on = stacks[0] if "grpc" in options.scenarios and stacks else None
+
+        def grpc_beside_http(stack: Scenario) -> None:
+            assert isinstance(stack, InfergateStack), stack.name
+            results["grpc"] = grpc_cell.measure_grpc_cell(stack, texts, profile, options, say)
 
         def batch_cell(stack: Scenario) -> None:
             assert isinstance(stack, InfergateStack), stack.name
@@ -299,8 +308,9 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
             )  # fmt: skip
 
         for name in options.scenarios:
-            if name in ("ceiling", "batch"):
+            if name in ("ceiling", "batch", "grpc"):
                 continue
+            with_grpc = grpc_beside_http if name == grpc_on else None
             workdir = Path(tmp) / name
             workdir.mkdir()
             paces = floor_paces(results, profile.token_lengths)
@@ -312,15 +322,23 @@ def run_bench(options: BenchOptions, say: Say = print) -> dict[str, Any]:
                 lean = LeanStack(on_task_store, workdir)
                 results["scenarios"][name] = run_scenario(
                     lean, texts, profile, reference_labels, options, say, paces,
-                    also_on_it=in_turn(tasks.measure_on, batch_cell if batch_on == name else None),
+                    also_on_it=in_turn(
+                        with_grpc, tasks.measure_on, batch_cell if batch_on == name else None
+                    ),
                 )  # fmt: skip
                 shared = tasks.shared_stack(lean, results["scenarios"][name])
                 continue
             scenario = SCENARIOS[name](prepared, workdir)
             results["scenarios"][name] = run_scenario(
                 scenario, texts, profile, reference_labels, options, say, paces,
-                also_on_it=batch_cell if name == batch_on else None,
+                also_on_it=in_turn(with_grpc, batch_cell if name == batch_on else None),
             )  # fmt: skip
+        if "grpc" in options.scenarios and grpc_on is None:
+            results["grpc"] = grpc_cell.on_own_stack(
+                prepared, texts, profile, options, Path(tmp) / "grpc", say
+            )
+        elif grpc_on is not None and "grpc" not in results:
+            results["grpc"] = {"error": f"the {grpc_on} scenario's stack did not start"}
         if "batch" in options.scenarios and batch_on is None:
             results["batch"] = on_own_stack(prepared, profile, Path(tmp) / "batch", say)
         elif batch_on is not None and "batch" not in results:

@@ -3,8 +3,9 @@
 ``POST /v1/models/{name}/rerank`` takes ``{"query": "...", "texts": [...], "top_n": k,
 "return_text": bool, "raw_scores": bool}`` and answers ``{"model", "version", "results":
 [{"index", "score", "text"?}]}``, best first. ``POST /rerank`` takes the same body (with
-an optional ``"model"``; without one, the only served text-ranking model answers) and
-answers the bare list of results, as Hugging Face's Text Embeddings Inference does
+an optional ``"model"``; without one, the only served text-ranking model answers; and
+TEI's ``"truncation_direction"``) and answers the bare list of results, as Hugging Face's
+Text Embeddings Inference does
 (https://huggingface.github.io/text-embeddings-inference/#/Text%20Embeddings%20Inference/rerank).
 
 Pure: parse, check and render plug into ``Frontend.serve_inference``, so routing,
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import Field
 
 from infergate.errors import InvalidInput
+from infergate.protocols.truncation import DIRECTION_FIELD, check_direction, direction_parameter
 from infergate.protocols.wire import (
     Answer,
     Body,
@@ -82,18 +84,23 @@ class RerankBody(Body):
                     f"'model' must be a string, got {json_type(model)}", param="model"
                 )
             checked["model"] = model
+        if "truncation_direction" in cls.model_fields:
+            direction = check_direction(payload.get("truncation_direction"))
+            if direction is not None:
+                checked["truncation_direction"] = direction
         return checked
 
 
 class TeiRerankBody(RerankBody):
-    """TEI's rerank request: the same, and the model it names (without one, the only
-    text-ranking model served). TEI's ``truncation_direction`` is not taken: texts are
-    always truncated here, at the model's max length, longest of the pair first."""
+    """TEI's rerank request: the same, the model it names (without one, the only
+    text-ranking model served) and which end of a long text is cut. Texts are always
+    truncated here, at the model's max length, longest of the pair first."""
 
     model: str | None = Field(
         None, description="The text-ranking model; without it, the only one served."
     )
     truncate: bool = Field(False, description="Accepted; texts are always truncated.")
+    truncation_direction: str = DIRECTION_FIELD
 
 
 def rerank_parser(with_model: bool, default: Callable[[], str | None] | None = None) -> Any:
@@ -112,6 +119,8 @@ def rerank_parser(with_model: bool, default: Callable[[], str | None] | None = N
                 param="model",
             )
         parameters: dict[str, Any] = {"query": request.query}
+        if isinstance(request, TeiRerankBody):
+            parameters.update(direction_parameter(request.truncation_direction))
         if request.raw_scores:
             parameters["raw_scores"] = True
         extra = {"top_n": request.top_n, "return_text": request.return_text}

@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import Any
 
 from infergate.protocols.tei_bodies import (
-    DIRECTIONS,
     EMBED_EXAMPLE,
     ClassificationParameters,
     EntitiesBody,
@@ -42,9 +41,9 @@ from infergate.protocols.tei_bodies import (
     TeiSimilarityBody,
     TeiSparseBody,
 )
+from infergate.protocols.truncation import direction_parameter
 from infergate.protocols.wire import Limits, PredictRequest, json_object
 from infergate.serving.prompts import PROMPT_NAME
-from infergate.serving.tokenization import RIGHT, TRUNCATION_DIRECTION
 
 # -- bodies to what the inference path takes ------------------------------------------------
 
@@ -57,9 +56,7 @@ def _options(prompt_name: str | None = None, direction: str | None = None) -> di
     """The parameters the inference path reads from TEI's options: the prompt, and the
     end of a long text that is cut (the default, right, left out)."""
     options: dict[str, Any] = {PROMPT_NAME: prompt_name} if prompt_name is not None else {}
-    if direction is not None and DIRECTIONS[direction] != RIGHT:
-        options[TRUNCATION_DIRECTION] = DIRECTIONS[direction]
-    return options
+    return {**options, **direction_parameter(direction)}
 
 
 def parse_embed(body: bytes, limits: Limits) -> PredictRequest:

@@ -11,9 +11,9 @@ from pydantic import Field
 
 from infergate.errors import InvalidInput
 from infergate.protocols.rerank import RerankBody
+from infergate.protocols.truncation import DIRECTION_FIELD, check_direction
 from infergate.protocols.wire import Body, Limits, check_text_count, json_type, validate_texts
 from infergate.serving.prompts import PROMPT_NAME
-from infergate.serving.tokenization import LEFT, RIGHT
 
 EMBED_EXAMPLE = '{"inputs": "What is Deep Learning?", "normalize": true}'
 PREDICT_EXAMPLE = (
@@ -26,8 +26,6 @@ SIMILARITY_EXAMPLE = (
 )
 TOKENIZE_EXAMPLE = '{"inputs": "test", "add_special_tokens": true}'
 DECODE_EXAMPLE = '{"ids": [101, 3231, 102]}'
-# TEI spells the ends "Right" and "Left"; huggingface_hub's docs "right" and "left".
-DIRECTIONS = {"Right": RIGHT, "right": RIGHT, "Left": LEFT, "left": LEFT}
 # Hugging Face's inference API parameters huggingface_hub's text_classification sends.
 FUNCTIONS = ("softmax", "none")
 
@@ -41,11 +39,7 @@ _TRUNCATE = Field(
     description="Texts are truncated at the model's max length unless this is false, "
     "which refuses a text that is too long (413).",
 )
-_DIRECTION = Field(
-    "Right",
-    description="Which end of a text too long for the model is cut: Right keeps its start, "
-    "Left its end.",
-)
+_DIRECTION = DIRECTION_FIELD
 
 
 def _texts(payload: dict[str, Any], limits: Limits, key: str = "inputs") -> list[str]:
@@ -72,13 +66,7 @@ def _checked(payload: dict[str, Any], kinds: dict[str, tuple[type, ...]]) -> dic
             expected = " or ".join(t.__name__.replace("str", "string") for t in types)
             raise InvalidInput(f"{key!r} must be a {expected}, got {json_type(value)}", param=key)
         checked[key] = value
-    direction = checked.get("truncation_direction")
-    if direction is not None and direction not in DIRECTIONS:
-        raise InvalidInput(
-            f"'truncation_direction' {direction!r} is not one of TEI's ends; send 'Right' "
-            "(the default: a long text's start is kept) or 'Left' (its end is kept)",
-            param="truncation_direction",
-        )
+    check_direction(checked.get("truncation_direction"))
     dimensions = checked.get("dimensions")
     if dimensions is not None and dimensions < 1:
         raise InvalidInput(f"'dimensions' must be at least 1, got {dimensions}", param="dimensions")

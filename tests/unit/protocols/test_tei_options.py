@@ -23,6 +23,7 @@ from infergate.config import FrontendSettings
 from infergate.errors import BackendUnavailable, InvalidInput
 from infergate.protocols import tei
 from infergate.protocols.frontend import Frontend, openapi_document
+from infergate.protocols.rerank import rerank_parser
 from infergate.protocols.tei_metrics import model_metrics, selector
 from infergate.serving.routing import ServedModel
 from infergate.serving.tokenization import TextTokenizer, split_direction
@@ -110,6 +111,47 @@ def test_left_truncation_on_every_route_that_cuts(client):
     # Cut or not, "truncate": false still refuses a text too long, as TEI does.
     refused = client.post("/tei/embed/embed", json={"inputs": long, "truncate": False, **left})
     assert refused.status_code == 413 and refused.json()["error_type"] == "validation"
+
+
+def test_the_top_level_rerank_cuts_the_end_tei_s_route_cuts(client):
+    """``POST /rerank`` (the model in the body) takes ``truncation_direction`` as the
+    model's TEI route does: the same answers for each end, the same refusals."""
+    long = FILLER + TAIL
+    for direction in ("Left", "left", "Right", None):
+        value = {"query": "q", "texts": [long, "short"], "truncation_direction": direction}
+        top = post(client, "/rerank", {**value, "model": "rerank"})
+        assert top == post(client, "/tei/rerank/rerank", value), direction
+    left = post(client, "/rerank", {"model": "rerank", "query": "q", "texts": [long],
+                                    "truncation_direction": "Left"})  # fmt: skip
+    query_cut = "hello " * 3 + TAIL  # as test_left_truncation_on_every_route_that_cuts
+    assert left == post(client, "/rerank", {"model": "rerank", "query": "q", "texts": [query_cut]})
+    assert left != post(client, "/rerank", {"model": "rerank", "query": "q", "texts": [long]})
+    for bad in ("Middle", 0, ["Left"]):
+        body = {"query": "q", "texts": ["a"], "truncation_direction": bad}
+        refused = client.post("/rerank", json={**body, "model": "rerank"})
+        tei_refused = client.post("/tei/rerank/rerank", json=body)
+        assert refused.status_code == tei_refused.status_code == 422, bad
+        # The message is the TEI route's; the body the native one's (TEI's on /tei/...).
+        assert refused.json() == {"error": tei_refused.json()["error"], "type": "invalid_input"}
+    middle = client.post("/rerank", json={"model": "rerank", "query": "q", "texts": ["a"],
+                                          "truncation_direction": "Middle"})  # fmt: skip
+    assert middle.json()["error"] == (
+        "'truncation_direction' 'Middle' is not one of TEI's ends; send 'Right' (the default: "
+        "a long text's start is kept) or 'Left' (its end is kept)"
+    )
+
+
+def test_the_top_level_rerank_parser_passes_left_on_and_leaves_right_out():
+    parse = rerank_parser(True)
+    value = {"model": "rerank", "query": "q", "texts": ["a"]}
+    left = parse(body({**value, "truncation_direction": "Left"}), LIMITS)
+    assert left.parameters == {"query": "q", "truncation_direction": "left"}
+    for right in ({**value, "truncation_direction": "right"}, value):
+        assert parse(body(right), LIMITS).parameters == {"query": "q"}
+    # The model's own route (/v1/models/{name}/rerank) keeps its body: the field is unknown.
+    with pytest.raises(InvalidInput, match="truncation_direction"):
+        rerank_parser(False)(body({"query": "q", "texts": ["a"], "truncation_direction": "Left"}),
+                             LIMITS)  # fmt: skip
 
 
 def test_a_left_request_leaves_other_requests_cut_at_the_right(tokenizer):
