@@ -134,7 +134,7 @@ def test_a_parquet_job_answers_as_predict_resumes_and_is_recorded(stack, http, t
     # the parts' span in the job's time.
     metrics = run.data.metrics
     assert 0 < metrics["ray_start_s"] < metrics["startup_s"] < metrics["duration_s"]
-    assert 0 < metrics["load_s"] < metrics["startup_s"] and 0 < metrics["work_s"]
+    assert 0 < metrics["load_s"] < metrics["startup_s"] and metrics["work_s"] > 0
     assert metrics["work_s"] + metrics["startup_s"] <= metrics["duration_s"]
     assert metrics["work_rows_per_s"] == pytest.approx(24 / metrics["work_s"])
     # One Ray of its own on this machine: every part on its one node.

@@ -190,7 +190,9 @@ def run(
 
     record = JobRecord(registry, served, options)
     start = time.monotonic()
-    figures = {"rows": 0, "errors": 0, "parts": len(planned.todo), "parts_failed": 0}
+    figures: dict[str, Any] = {
+        "rows": 0, "errors": 0, "parts": len(planned.todo), "parts_failed": 0
+    }  # fmt: skip
     try:
         if planned.todo:
             figures.update(_run_parts(options, planned, registry, limits, say, quiet))
