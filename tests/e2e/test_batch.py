@@ -137,6 +137,7 @@ def test_a_parquet_job_answers_as_predict_resumes_and_is_recorded(stack, http, t
     assert 0 < metrics["load_s"] < metrics["startup_s"] and metrics["work_s"] > 0
     assert metrics["work_s"] + metrics["startup_s"] <= metrics["duration_s"]
     assert metrics["work_rows_per_s"] == pytest.approx(24 / metrics["work_s"])
+    assert metrics["busy_cpu_ms_per_row"] > 0
     # One Ray of its own on this machine: every part on its one node.
     assert run.data.metrics["nodes"] == 1 and figures["nodes"] == 1
     assert json.loads(run.data.tags["rows_by_node"]) == figures["rows_by_node"]

@@ -280,10 +280,12 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
             progress.stream = open(os.devnull, "w")  # noqa: SIM115
         failed = 0
         busy_s = 0.0  # the actors' seconds in parts, model loading aside
+        cpu_s = 0.0  # their CPU seconds in parts
         rows_by_node: dict[str, int] = {}  # where the parts ran: the node's address
         rows = dataset.iter_rows()
         for row in _started(rows, actors, each):
             busy_s += float(row["seconds"])
+            cpu_s += float(row["cpu_s"])
             rows_by_node[row["node"]] = rows_by_node.get(row["node"], 0) + int(row["rows"])
             startup.part(str(row["actor"]), float(row["load_s"]), float(row["began"]),
                          float(row["ended"]))  # fmt: skip
@@ -300,6 +302,8 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
             "rows_by_node": dict(sorted(rows_by_node.items())),
             # What the actors did once loaded: rows per second of part time, times actors.
             "busy_rows_per_s": progress.rows * actors / busy_s if busy_s else 0.0,
+            # Their CPU per row in parts: what other load on the machine moves least.
+            "busy_cpu_ms_per_row": 1e3 * cpu_s / progress.rows if progress.rows else 0.0,
             **startup.figures(progress.rows),
         }
     finally:

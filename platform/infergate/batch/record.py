@@ -18,6 +18,7 @@ METRICS = (
     "errors",
     "rows_per_s",
     "busy_rows_per_s",
+    "busy_cpu_ms_per_row",
     "work_rows_per_s",
     "duration_s",
     "ray_start_s",

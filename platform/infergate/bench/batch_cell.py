@@ -150,6 +150,7 @@ def run_job(stack: InfergateStack, input_path: Path, output: Path) -> dict[str, 
     return {
         **{k: figures[k] for k in ("rows", "errors", "duration_s", "rows_per_s", "actors")},
         "busy_rows_per_s": figures["busy_rows_per_s"],
+        "busy_cpu_ms_per_row": figures["busy_cpu_ms_per_row"],
         # The fixed costs apart (Ray's start, the slowest actor's load, the first part's
         # start) and the rate from the first part's start to the last one's end.
         **{k: figures[k] for k in ("ray_start_s", "load_s", "startup_s", "work_s")},
@@ -218,7 +219,12 @@ def measure_batch_cell(
     online = record["online"].get("rows_per_s")
     job, busy = record["job"].get("rows_per_s"), record["job"].get("busy_rows_per_s")
     work = record["job"].get("work_rows_per_s")
+    # Rows per CPU second, the job's actors on parts against the ceiling's sessions: what
+    # a machine shared with other work moves least (both are slowed, neither gets more).
+    job_cpu = record["job"].get("busy_cpu_ms_per_row")
+    ceiling_cpu = record["ceiling"].get("cpu_ms_per_sequence")
     record["ratios"] = {
+        "cpu_over_ceiling": ratio(ceiling_cpu, job_cpu),
         "job_over_ceiling": ratio(job, ceiling),
         "work_over_ceiling": ratio(work, ceiling),
         "busy_over_ceiling": ratio(busy, ceiling),

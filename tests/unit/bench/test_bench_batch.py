@@ -28,14 +28,17 @@ def batch_record() -> dict:
         "load_average_at_end": [4.5, 2.0, 1.0], "cell_s": 31.6,
         "ceiling": {"rows": 512, "batch": 32, "sequences_per_s": 400.0, "rows_alone": True,
                     "layout": "2 sessions x 1 thread",
-                    "padded": {"sequences_per_s": 500.0, "layout": "2 sessions x 1 thread"}},
+                    "cpu_ms_per_sequence": 2.0,
+                    "padded": {"sequences_per_s": 500.0, "layout": "2 sessions x 1 thread",
+                               "cpu_ms_per_sequence": 1.6}},
         "online": {"rows": 512, "answered": 512, "requests": 16, "errors": 0,
                    "texts_per_request": 32, "in_flight": 4, "rows_per_s": 250.0},
         "job": {"rows": 2048, "errors": 0, "duration_s": 51.2, "rows_per_s": 40.0,
                 "busy_rows_per_s": 360.0, "actors": 2, "output_rows": 2048,
                 "startup_s": 20.0, "ray_start_s": 6.0, "load_s": 11.0, "work_s": 6.4,
-                "work_rows_per_s": 320.0},
-        "ratios": {"job_over_ceiling": 0.1, "work_over_ceiling": 0.8, "busy_over_ceiling": 0.9,
+                "work_rows_per_s": 320.0, "busy_cpu_ms_per_row": 2.5},
+        "ratios": {"cpu_over_ceiling": 0.8, "job_over_ceiling": 0.1, "work_over_ceiling": 0.8,
+                   "busy_over_ceiling": 0.9,
                    "busy_over_padded": 0.72, "padded_over_ceiling": 1.25,
                    "job_over_online": 0.16, "work_over_online": 1.28,
                    "busy_over_online": 1.44, "online_over_ceiling": 0.625},
@@ -84,6 +87,10 @@ def test_the_report_puts_the_job_beside_the_online_path_and_the_ceiling():
     )
     assert "| the same graph in padded batches | 500.0 | 1.25 |" in text
     assert "(the job: 2048 rows of them in one Parquet file)" in text
+    assert (
+        "CPU per row: the job's actors 2.50 ms on parts, the ceiling 2.00 ms as served (1.60 ms "
+        "in padded batches): the actors do 0.80 of the ceiling's rows per CPU second" in text
+    )
     assert "Load average at start/end: 3.0 / 4.5. The cell took 32 s." in text
 
 
