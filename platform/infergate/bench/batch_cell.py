@@ -222,7 +222,7 @@ def measure_batch_cell(
     # Rows per CPU second, the job's actors on parts against the ceiling's sessions: what
     # a machine shared with other work moves least (both are slowed, neither gets more).
     job_cpu = record["job"].get("busy_cpu_ms_per_row")
-    ceiling_cpu = record["ceiling"].get("cpu_ms_per_sequence")
+    ceiling_cpu = record["ceiling"].get("least_cpu_ms_per_sequence")
     record["ratios"] = {
         "cpu_over_ceiling": ratio(ceiling_cpu, job_cpu),
         "job_over_ceiling": ratio(job, ceiling),

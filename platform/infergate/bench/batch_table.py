@@ -64,10 +64,11 @@ def batch_section(results: dict[str, Any]) -> list[str]:
              if padded else ""],
         ],
     )  # fmt: skip
-    if job.get("busy_cpu_ms_per_row") and ceiling.get("cpu_ms_per_sequence"):
+    if job.get("busy_cpu_ms_per_row") and ceiling.get("least_cpu_ms_per_sequence"):
         out += ["", (
             f"CPU per row: the job's actors {num(job['busy_cpu_ms_per_row'], 2)} ms on parts, "
-            f"the ceiling {num(ceiling['cpu_ms_per_sequence'], 2)} ms as served"
+            f"the ceiling {num(ceiling['least_cpu_ms_per_sequence'], 2)} ms as served (its "
+            "layout with the least)"
             + (f" ({num(padded['cpu_ms_per_sequence'], 2)} ms in padded batches)"
                if padded.get("cpu_ms_per_sequence") else "")
             + f": the actors do {share('cpu_over_ceiling')} of the ceiling's rows per CPU "

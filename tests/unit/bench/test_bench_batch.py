@@ -28,7 +28,7 @@ def batch_record() -> dict:
         "load_average_at_end": [4.5, 2.0, 1.0], "cell_s": 31.6,
         "ceiling": {"rows": 512, "batch": 32, "sequences_per_s": 400.0, "rows_alone": True,
                     "layout": "2 sessions x 1 thread",
-                    "cpu_ms_per_sequence": 2.0,
+                    "cpu_ms_per_sequence": 2.2, "least_cpu_ms_per_sequence": 2.0,
                     "padded": {"sequences_per_s": 500.0, "layout": "2 sessions x 1 thread",
                                "cpu_ms_per_sequence": 1.6}},
         "online": {"rows": 512, "answered": 512, "requests": 16, "errors": 0,
@@ -88,8 +88,9 @@ def test_the_report_puts_the_job_beside_the_online_path_and_the_ceiling():
     assert "| the same graph in padded batches | 500.0 | 1.25 |" in text
     assert "(the job: 2048 rows of them in one Parquet file)" in text
     assert (
-        "CPU per row: the job's actors 2.50 ms on parts, the ceiling 2.00 ms as served (1.60 ms "
-        "in padded batches): the actors do 0.80 of the ceiling's rows per CPU second" in text
+        "CPU per row: the job's actors 2.50 ms on parts, the ceiling 2.00 ms as served (its "
+        "layout with the least) (1.60 ms in padded batches): the actors do 0.80 of the "
+        "ceiling's rows per CPU second" in text
     )
     assert "Load average at start/end: 3.0 / 4.5. The cell took 32 s." in text
 
