@@ -281,11 +281,13 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
         failed = 0
         busy_s = 0.0  # the actors' seconds in parts, model loading aside
         cpu_s = 0.0  # their CPU seconds in parts
+        waited_s = 0.0  # their seconds in parts ready to run but waiting for a CPU
         rows_by_node: dict[str, int] = {}  # where the parts ran: the node's address
         rows = dataset.iter_rows()
         for row in _started(rows, actors, each):
             busy_s += float(row["seconds"])
             cpu_s += float(row["cpu_s"])
+            waited_s += float(row["waited_s"])
             rows_by_node[row["node"]] = rows_by_node.get(row["node"], 0) + int(row["rows"])
             startup.part(str(row["actor"]), float(row["load_s"]), float(row["began"]),
                          float(row["ended"]))  # fmt: skip
@@ -304,6 +306,8 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
             "busy_rows_per_s": progress.rows * actors / busy_s if busy_s else 0.0,
             # Their CPU per row in parts: what other load on the machine moves least.
             "busy_cpu_ms_per_row": 1e3 * cpu_s / progress.rows if progress.rows else 0.0,
+            # The share of that time they waited for a CPU: the machine's other work.
+            "busy_waited_share": waited_s / busy_s if busy_s else 0.0,
             **startup.figures(progress.rows),
         }
     finally:

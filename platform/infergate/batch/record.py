@@ -19,6 +19,7 @@ METRICS = (
     "rows_per_s",
     "busy_rows_per_s",
     "busy_cpu_ms_per_row",
+    "busy_waited_share",
     "work_rows_per_s",
     "duration_s",
     "ray_start_s",

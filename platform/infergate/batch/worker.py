@@ -58,6 +58,16 @@ class WorkerSpec:
     )
 
 
+def waited_s() -> float:
+    """Seconds this thread has waited, ready to run, for a CPU (Linux's schedstat; 0.0
+    where there is none): how much of a part's time other work on the machine took."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def node_address() -> str:
     """The address of the Ray node this actor runs on ("local" outside Ray)."""
     import ray
@@ -90,12 +100,12 @@ class PartRunner:
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         figures: dict[str, list[Any]] = {
             "part": [], "rows": [], "errors": [], "seconds": [], "failure": [], "node": [],
-            "actor": [], "load_s": [], "began": [], "ended": [], "cpu_s": [],
+            "actor": [], "load_s": [], "began": [], "ended": [], "cpu_s": [], "waited_s": [],
         }  # fmt: skip
         for text in batch["part"]:
             part = Part.from_json(str(text))
             began = time.time()  # the wall clock: the driver compares it with its own
-            start, cpu = time.perf_counter(), time.process_time()
+            start, cpu, waited = time.perf_counter(), time.process_time(), waited_s()
             try:
                 rows, errors = self.run_part(part)
                 failure = ""
@@ -114,6 +124,7 @@ class PartRunner:
             figures["ended"].append(time.time())
             # The actor's CPU on the part: steadier than its seconds on a busy machine.
             figures["cpu_s"].append(time.process_time() - cpu)
+            figures["waited_s"].append(waited_s() - waited)
         return figures
 
     def run_part(self, part: Part) -> tuple[int, int]:

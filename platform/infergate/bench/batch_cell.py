@@ -151,6 +151,7 @@ def run_job(stack: InfergateStack, input_path: Path, output: Path) -> dict[str, 
         **{k: figures[k] for k in ("rows", "errors", "duration_s", "rows_per_s", "actors")},
         "busy_rows_per_s": figures["busy_rows_per_s"],
         "busy_cpu_ms_per_row": figures["busy_cpu_ms_per_row"],
+        "busy_waited_share": figures["busy_waited_share"],
         # The fixed costs apart (Ray's start, the slowest actor's load, the first part's
         # start) and the rate from the first part's start to the last one's end.
         **{k: figures[k] for k in ("ray_start_s", "load_s", "startup_s", "work_s")},

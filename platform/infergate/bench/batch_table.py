@@ -72,6 +72,8 @@ def batch_section(results: dict[str, Any]) -> list[str]:
             + (f" ({num(padded['cpu_ms_per_sequence'], 2)} ms in padded batches)"
                if padded.get("cpu_ms_per_sequence") else "")
             + f": the actors do {share('cpu_over_ceiling')} of the ceiling's rows per CPU "
-            "second, a ratio that other load on the machine moves less than rows/s."
+            "second, a ratio that other load on the machine moves less than rows/s. They "
+            f"waited for a CPU {num(100 * (job.get('busy_waited_share') or 0.0), 0)} % of "
+            "their time on parts."
         )]  # fmt: skip
     return out

@@ -36,7 +36,8 @@ def batch_record() -> dict:
         "job": {"rows": 2048, "errors": 0, "duration_s": 51.2, "rows_per_s": 40.0,
                 "busy_rows_per_s": 360.0, "actors": 2, "output_rows": 2048,
                 "startup_s": 20.0, "ray_start_s": 6.0, "load_s": 11.0, "work_s": 6.4,
-                "work_rows_per_s": 320.0, "busy_cpu_ms_per_row": 2.5},
+                "work_rows_per_s": 320.0, "busy_cpu_ms_per_row": 2.5,
+                "busy_waited_share": 0.25},
         "ratios": {"cpu_over_ceiling": 0.8, "job_over_ceiling": 0.1, "work_over_ceiling": 0.8,
                    "busy_over_ceiling": 0.9,
                    "busy_over_padded": 0.72, "padded_over_ceiling": 1.25,
@@ -90,7 +91,8 @@ def test_the_report_puts_the_job_beside_the_online_path_and_the_ceiling():
     assert (
         "CPU per row: the job's actors 2.50 ms on parts, the ceiling 2.00 ms as served (its "
         "layout with the least) (1.60 ms in padded batches): the actors do 0.80 of the "
-        "ceiling's rows per CPU second" in text
+        "ceiling's rows per CPU second, a ratio that other load on the machine moves less "
+        "than rows/s. They waited for a CPU 25 % of their time on parts." in text
     )
     assert "Load average at start/end: 3.0 / 4.5. The cell took 32 s." in text
 
