@@ -130,6 +130,14 @@ def test_a_parquet_job_answers_as_predict_resumes_and_is_recorded(stack, http, t
     assert run.data.params["input"] == str(source) and run.data.params["output"] == str(out)
     assert run.data.metrics["rows"] == 24 and run.data.metrics["errors"] == 0
     assert run.data.metrics["rows_per_s"] > 0 and run.data.metrics["duration_s"] > 0
+    # Its start-up apart from its work: Ray's start is in the time to the first part, and
+    # the parts' span in the job's time.
+    metrics = run.data.metrics
+    assert 0 < metrics["ray_start_s"] < metrics["startup_s"] < metrics["duration_s"]
+    assert 0 < metrics["load_s"] < metrics["startup_s"] and metrics["work_s"] > 0
+    assert metrics["work_s"] + metrics["startup_s"] <= metrics["duration_s"]
+    assert metrics["work_rows_per_s"] == pytest.approx(24 / metrics["work_s"])
+    assert metrics["busy_cpu_ms_per_row"] > 0
     # One Ray of its own on this machine: every part on its one node.
     assert run.data.metrics["nodes"] == 1 and figures["nodes"] == 1
     assert json.loads(run.data.tags["rows_by_node"]) == figures["rows_by_node"]

@@ -263,16 +263,22 @@ def test_the_batch_cell_runs_a_job_beside_the_ceiling_and_the_online_path(result
     assert cell["stack"] == "lean" and cell["batch_size"] == 32
     rows = cell["rows"]
     job = cell["job"]
+    assert cell["job_rows"] == rows  # the smoke's job file holds the texts once
     assert job["rows"] == rows and job["errors"] == 0 and job["parts"] == 4
     assert job["output_rows"] == job["output_distinct_ids"] == rows
     assert job["output_errors"] == 0
-    # The actors' time on parts fits in the job's: busy rows/s is never below end to end.
-    assert 0 < job["rows_per_s"] <= job["busy_rows_per_s"] * 1.001
+    # The parts' span fits in the job's time, and the actors' time on parts in the span
+    # times the actors: end to end <= after start-up <= busy.
+    assert 0 < job["rows_per_s"] <= job["work_rows_per_s"] * 1.001
+    assert job["work_rows_per_s"] <= job["busy_rows_per_s"] * 1.001
+    assert 0 < job["ray_start_s"] < job["startup_s"] < job["duration_s"]
     online = cell["online"]
     assert online["answered"] == rows and online["errors"] == 0
     assert online["requests"] == math.ceil(rows / 32) and online["rows_per_s"] > 0
     ceiling = cell["ceiling"]
     assert ceiling["rows"] == rows and ceiling["batch"] == 32 and ceiling["sequences_per_s"] > 0
+    # The bench's INT8 graph runs each text alone as served; its padded batches apart.
+    assert ceiling["rows_alone"] is True and ceiling["padded"]["sequences_per_s"] > 0
     ratios = cell["ratios"]
     assert all(math.isfinite(v) and v > 0 for v in ratios.values()), ratios
     assert ratios["job_over_ceiling"] == pytest.approx(

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from infergate.batch.files import Part, columns_of, filesystem, input_files, plan, written_parts
@@ -122,6 +122,33 @@ def actors_for(
     return actors, round(share, 4), False
 
 
+@dataclass
+class StartUp:
+    """When the job's work began and ended against its fixed costs: Ray's start, then the
+    actors' loading of the version (in parallel), before the first part."""
+
+    began: float  # the driver's wall clock at the job's start (before Ray's)
+    ray_start_s: float = 0.0
+    loads: dict[str, float] = field(default_factory=dict)  # actor -> seconds to load
+    first: float = math.inf  # the first part's start, wall clock
+    last: float = 0.0  # the last part's end
+
+    def part(self, actor: str, load_s: float, began: float, ended: float) -> None:
+        self.loads[actor] = load_s
+        self.first, self.last = min(self.first, began), max(self.last, ended)
+
+    def figures(self, rows: int) -> dict[str, float]:
+        work_s = max(self.last - self.first, 0.0) if self.loads else 0.0
+        return {
+            "ray_start_s": self.ray_start_s,
+            "load_s": max(self.loads.values(), default=0.0),  # the slowest actor's
+            "startup_s": max(self.first - self.began, 0.0) if self.loads else 0.0,
+            "work_s": work_s,
+            # From the first part's start to the last one's end: the rate once started.
+            "work_rows_per_s": rows / work_s if work_s else 0.0,
+        }
+
+
 class Progress:
     """One line per finished part: rows, errors, rows/s and the time left."""
 
@@ -163,7 +190,9 @@ def run(
 
     record = JobRecord(registry, served, options)
     start = time.monotonic()
-    figures = {"rows": 0, "errors": 0, "parts": len(planned.todo), "parts_failed": 0}
+    figures: dict[str, Any] = {
+        "rows": 0, "errors": 0, "parts": len(planned.todo), "parts_failed": 0
+    }  # fmt: skip
     try:
         if planned.todo:
             figures.update(_run_parts(options, planned, registry, limits, say, quiet))
@@ -187,6 +216,7 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
                say: Any, quiet: bool) -> dict[str, Any]:  # fmt: skip
     import ray
 
+    startup = StartUp(began=time.time())
     address = os.environ.get("RAY_ADDRESS")
     # Our own instance unless told a cluster: never join another program's local Ray.
     # Ray starts its workers 15 steps nicer than the driver; on our own instance the
@@ -205,6 +235,7 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BatchError(f"Ray did not start or could not be joined (RAY_ADDRESS="
                          f"{address or 'unset'}): {first}") from None  # fmt: skip
+    startup.ray_start_s = time.time() - startup.began
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     try:
         ctx = ray.data.DataContext.get_current()
@@ -249,11 +280,17 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
             progress.stream = open(os.devnull, "w")  # noqa: SIM115
         failed = 0
         busy_s = 0.0  # the actors' seconds in parts, model loading aside
+        cpu_s = 0.0  # their CPU seconds in parts
+        waited_s = 0.0  # their seconds in parts ready to run but waiting for a CPU
         rows_by_node: dict[str, int] = {}  # where the parts ran: the node's address
         rows = dataset.iter_rows()
         for row in _started(rows, actors, each):
             busy_s += float(row["seconds"])
+            cpu_s += float(row["cpu_s"])
+            waited_s += float(row["waited_s"])
             rows_by_node[row["node"]] = rows_by_node.get(row["node"], 0) + int(row["rows"])
+            startup.part(str(row["actor"]), float(row["load_s"]), float(row["began"]),
+                         float(row["ended"]))  # fmt: skip
             if row["failure"]:
                 failed += 1
                 print(f"part {row['part']} failed: {row['failure']}", file=sys.stderr, flush=True)
@@ -267,6 +304,11 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
             "rows_by_node": dict(sorted(rows_by_node.items())),
             # What the actors did once loaded: rows per second of part time, times actors.
             "busy_rows_per_s": progress.rows * actors / busy_s if busy_s else 0.0,
+            # Their CPU per row in parts: what other load on the machine moves least.
+            "busy_cpu_ms_per_row": 1e3 * cpu_s / progress.rows if progress.rows else 0.0,
+            # The share of that time they waited for a CPU: the machine's other work.
+            "busy_waited_share": waited_s / busy_s if busy_s else 0.0,
+            **startup.figures(progress.rows),
         }
     finally:
         ray.shutdown()

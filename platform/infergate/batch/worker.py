@@ -2,13 +2,16 @@
 
 Each call gets one part (``map_batches(..., batch_size=1)``), reads it in chunks, answers
 each chunk through the serving path's ``ModelRuntime.predict`` and writes the part's
-output file; it returns the part's figures for the driver's progress line and record.
+output file; it returns the part's figures for the driver's progress line and record, with
+when the part began and ended and how long the actor took to load the version, so that the
+job can tell its start-up apart from its work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -55,6 +58,16 @@ class WorkerSpec:
     )
 
 
+def waited_s() -> float:
+    """Seconds this thread has waited, ready to run, for a CPU (Linux's schedstat; 0.0
+    where there is none): how much of a part's time other work on the machine took."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def node_address() -> str:
     """The address of the Ray node this actor runs on ("local" outside Ray)."""
     import ray
@@ -69,6 +82,7 @@ class PartRunner:
         from infergate.batch.engines import load
         from infergate.registry import Registry
 
+        began = time.perf_counter()
         tokenize_serially()  # the actor's CPUs are the model's; one thread tokenizes
         self.spec = spec
         registry = Registry(spec.tracking_uri)
@@ -80,14 +94,18 @@ class PartRunner:
         self.input_fs, _ = filesystem(spec.input)
         self.fs, self.output = filesystem(spec.output)
         self.node = node_address()
+        self.actor = f"{self.node}/{os.getpid()}"
+        self.load_s = time.perf_counter() - began  # the version's files and the session
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         figures: dict[str, list[Any]] = {
-            "part": [], "rows": [], "errors": [], "seconds": [], "failure": [], "node": []
+            "part": [], "rows": [], "errors": [], "seconds": [], "failure": [], "node": [],
+            "actor": [], "load_s": [], "began": [], "ended": [], "cpu_s": [], "waited_s": [],
         }  # fmt: skip
         for text in batch["part"]:
             part = Part.from_json(str(text))
-            start = time.perf_counter()
+            began = time.time()  # the wall clock: the driver compares it with its own
+            start, cpu, waited = time.perf_counter(), time.process_time(), waited_s()
             try:
                 rows, errors = self.run_part(part)
                 failure = ""
@@ -100,6 +118,13 @@ class PartRunner:
             figures["seconds"].append(time.perf_counter() - start)
             figures["failure"].append(failure)
             figures["node"].append(self.node)
+            figures["actor"].append(self.actor)
+            figures["load_s"].append(self.load_s)
+            figures["began"].append(began)
+            figures["ended"].append(time.time())
+            # The actor's CPU on the part: steadier than its seconds on a busy machine.
+            figures["cpu_s"].append(time.process_time() - cpu)
+            figures["waited_s"].append(waited_s() - waited)
         return figures
 
     def run_part(self, part: Part) -> tuple[int, int]:

@@ -2,18 +2,21 @@
 on the same texts, in one run (``infergate bench --scenarios ... batch``).
 
 On a running stack of the bench (the ``lean`` or ``infergate`` scenario's, or one of its
-own when neither runs) with the bench's model registered in its MLflow, it writes one
-Parquet file of the workload's 16-token texts, then measures, one after the other:
+own when neither runs) with the bench's model registered in its MLflow, it writes the
+workload's 16-token texts into Parquet files, then measures, one after the other:
 
-- the ceiling: ONNX Runtime in a process of its own on the served file, the same texts
-  tokenized beforehand, at the job's batch size (``infergate.bench.batch_ceiling``);
-- the online path: the same texts through the stack's predict endpoint, ``BATCH_SIZE``
-  per request, ``ONLINE_IN_FLIGHT`` in flight, one pass, timed from first send to last
-  answer;
+- the ceiling: ONNX Runtime in a process of its own on the served file, the texts
+  tokenized beforehand, at the job's batch size (``infergate.bench.batch_ceiling``): as
+  served (the figure the ratios use) and in padded batches;
+- the online path: the texts through the stack's predict endpoint, ``BATCH_SIZE`` per
+  request, ``ONLINE_IN_FLIGHT`` in flight, one pass, timed from first send to last answer;
 - the job: ``infergate batch MODEL file out --batch-size BATCH_SIZE`` as a user runs it,
-  without ``RAY_ADDRESS`` (its own Ray): rows/s end to end (Ray's start and the model's
-  loading included) and "busy" rows/s (the actors' time on parts only), from the figures
-  it prints, and the rows of its output read back.
+  without ``RAY_ADDRESS`` (its own Ray), on a larger file of the same texts repeated
+  (``JOB_ROWS``), so that its fixed costs weigh as on a real data set: rows/s end to end
+  (Ray's start and the model's loading included), its start-up (Ray's start, the slowest
+  actor's load, the time to the first part), the rate from the first part's start to the
+  last one's end, and "busy" rows/s (the actors' time on parts only), from the figures it
+  prints, and the rows of its output read back.
 
 The stack stays up meanwhile (idle but for the online pass), as the other cells find it.
 The results go under ``batch`` in the results document.
@@ -44,20 +47,26 @@ from infergate.bench.workload import Profile, build_text_sets
 BATCH_SIZE = 32
 ONLINE_IN_FLIGHT = 4
 TOKENS = 16
-# Rows of the input file per profile: enough in --quick and full for the job's fixed costs
-# (Ray's start, loading the model in each actor) to weigh as they would on a real file.
+# Texts per profile for the ceiling and the online pass, and the rows of the job's file (the
+# same texts repeated): in --quick and full enough for the job's fixed costs (Ray's start,
+# loading the model in each actor: about 20 s here) to weigh as on a real data set.
 ROWS = {"smoke": 512, "quick": 4096, "full": 16384}
-PARTS = 4  # the file's row groups, each a part of the job: work for every actor here
-JOB_TIMEOUT_S = 900.0
+JOB_ROWS = {"smoke": 512, "quick": 65536, "full": 262144}
+PART_ROWS = 4096  # rows per row group of the job's file, each a part of the job
+JOB_TIMEOUT_S = 1800.0
 
 
-def write_input(texts: list[str], path: Path, parts: int = PARTS) -> None:
-    """``texts`` as a Parquet file with ``id`` and ``text`` columns, in ``parts`` row groups."""
+def write_input(texts: list[str], path: Path, rows: int, part_rows: int = PART_ROWS) -> None:
+    """``rows`` rows of ``texts`` (repeated) as a Parquet file with ``id`` and ``text``
+    columns, in row groups of ``part_rows`` rows (at least 4, for every actor here)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = pa.table({"id": list(range(len(texts))), "text": texts})
-    pq.write_table(rows, path, row_group_size=max(1, -(-len(texts) // parts)))
+    group = max(1, min(part_rows, -(-rows // 4)))
+    with pq.ParquetWriter(path, pa.schema({"id": pa.int64(), "text": pa.string()})) as writer:
+        for start in range(0, rows, group):
+            ids = list(range(start, min(start + group, rows)))
+            writer.write_table(pa.table({"id": ids, "text": [texts[i % len(texts)] for i in ids]}))
 
 
 def cell_texts(prepared: PreparedModel, rows: int) -> list[str]:
@@ -124,7 +133,7 @@ def run_job(stack: InfergateStack, input_path: Path, output: Path) -> dict[str, 
     command = [
         INFERGATE, "batch", MODEL_NAME, str(input_path), str(output),
         "--version", stack.prepared.version, "--batch-size", str(BATCH_SIZE),
-        "--part-rows", str(max(1, -(-_rows_of(input_path) // PARTS))),
+        "--part-rows", str(_row_group_rows(input_path)),
         "--tracking-uri", tracking, "--quiet",
     ]  # fmt: skip
     began = time.monotonic()
@@ -141,6 +150,12 @@ def run_job(stack: InfergateStack, input_path: Path, output: Path) -> dict[str, 
     return {
         **{k: figures[k] for k in ("rows", "errors", "duration_s", "rows_per_s", "actors")},
         "busy_rows_per_s": figures["busy_rows_per_s"],
+        "busy_cpu_ms_per_row": figures["busy_cpu_ms_per_row"],
+        "busy_waited_share": figures["busy_waited_share"],
+        # The fixed costs apart (Ray's start, the slowest actor's load, the first part's
+        # start) and the rate from the first part's start to the last one's end.
+        **{k: figures[k] for k in ("ray_start_s", "load_s", "startup_s", "work_s")},
+        "work_rows_per_s": figures["work_rows_per_s"],
         "parts": figures["parts"],
         "command_wall_s": wall,  # the process's whole life: imports and Ray's stop too
         "output_rows": written.num_rows,
@@ -149,10 +164,10 @@ def run_job(stack: InfergateStack, input_path: Path, output: Path) -> dict[str, 
     }
 
 
-def _rows_of(path: Path) -> int:
+def _row_group_rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
-    return int(pq.ParquetFile(path).metadata.num_rows)
+    return int(pq.ParquetFile(path).metadata.row_group(0).num_rows)
 
 
 def _part(record: dict[str, Any], name: str, say: Say, measure: Any) -> None:
@@ -175,13 +190,15 @@ def measure_batch_cell(
     """The cell on ``stack`` (running): see the module's docstring."""
     workdir.mkdir(parents=True, exist_ok=True)
     rows = ROWS.get(profile.name, ROWS["full"])
-    input_path = workdir / "texts.parquet"
+    job_rows = JOB_ROWS.get(profile.name, JOB_ROWS["full"])
+    input_path, job_path = workdir / "texts.parquet", workdir / "job.parquet"
     texts = cell_texts(stack.prepared, rows)
-    write_input(texts, input_path)
+    write_input(texts, input_path, rows)
+    write_input(texts, job_path, job_rows)
     began = time.monotonic()
     record: dict[str, Any] = {
         "stack": stack.name, "model": MODEL_NAME, "version": stack.prepared.version,
-        "rows": rows, "tokens": TOKENS, "batch_size": BATCH_SIZE,
+        "rows": rows, "job_rows": job_rows, "tokens": TOKENS, "batch_size": BATCH_SIZE,
         "load_average_at_start": list(os.getloadavg()),
     }  # fmt: skip
     say(f"[batch] {rows} texts of {TOKENS} tokens on the {stack.name} stack, batch {BATCH_SIZE}")
@@ -195,16 +212,27 @@ def measure_batch_cell(
         return run_sync(lambda: online_pass(target, texts, ONLINE_IN_FLIGHT))
 
     _part(record, "online", say, through_the_stack)
-    _part(record, "job", say, lambda: run_job(stack, input_path, workdir / "out"))
+    _part(record, "job", say, lambda: run_job(stack, job_path, workdir / "out"))
     record["load_average_at_end"] = list(os.getloadavg())
     record["cell_s"] = time.monotonic() - began  # what the cell adds to a run on a stack
     ceiling = record["ceiling"].get("sequences_per_s")
+    padded = record["ceiling"].get("padded", {}).get("sequences_per_s")
     online = record["online"].get("rows_per_s")
     job, busy = record["job"].get("rows_per_s"), record["job"].get("busy_rows_per_s")
+    work = record["job"].get("work_rows_per_s")
+    # Rows per CPU second, the job's actors on parts against the ceiling's sessions: what
+    # a machine shared with other work moves least (both are slowed, neither gets more).
+    job_cpu = record["job"].get("busy_cpu_ms_per_row")
+    ceiling_cpu = record["ceiling"].get("least_cpu_ms_per_sequence")
     record["ratios"] = {
+        "cpu_over_ceiling": ratio(ceiling_cpu, job_cpu),
         "job_over_ceiling": ratio(job, ceiling),
+        "work_over_ceiling": ratio(work, ceiling),
         "busy_over_ceiling": ratio(busy, ceiling),
+        "busy_over_padded": ratio(busy, padded),
+        "padded_over_ceiling": ratio(padded, ceiling),
         "job_over_online": ratio(job, online),
+        "work_over_online": ratio(work, online),
         "busy_over_online": ratio(busy, online),
         "online_over_ceiling": ratio(online, ceiling),
     }
@@ -213,7 +241,8 @@ def measure_batch_cell(
         record["error"] = "failed: " + ", ".join(failed)
     say("[batch] rows/s: " + ", ".join(
         f"{name} {num(value)}" for name, value in
-        (("job", job), ("busy", busy), ("online", online), ("ceiling", ceiling))
+        (("job", job), ("after start-up", work), ("busy", busy), ("online", online),
+         ("ceiling as served", ceiling), ("padded", padded))
     ))  # fmt: skip
     return record
 

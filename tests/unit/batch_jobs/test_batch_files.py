@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from infergate.batch import files
 from infergate.batch.files import (
     BAD_LINE,
     PartWriter,
@@ -91,6 +92,20 @@ def test_a_part_appears_only_when_whole(tmp_path, fmt):
         assert rows[1] == {"text": "b", "label": "pos", "scores": {"pos": 1.0}}
     else:
         assert "pos" in (tmp_path / "out" / f"part-00000.{fmt}").read_text()
+
+
+def test_a_parquet_part_gathers_chunks_into_row_groups(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "ROW_GROUP_ROWS", 100)
+    fs, folder = filesystem(str(tmp_path))
+    writer = PartWriter(fs, folder, "part-00000.parquet", "parquet", {"error": pa.string()})
+    for start in range(0, 330, 32):  # a model call's rows at a time, the last one short
+        ids = list(range(start, min(start + 32, 330)))
+        writer.write({"id": ids, "error": [None] * len(ids)})
+    writer.commit()
+    file = pq.ParquetFile(tmp_path / "part-00000.parquet")
+    sizes = [file.metadata.row_group(i).num_rows for i in range(file.metadata.num_row_groups)]
+    assert sizes == [128, 128, 74]  # four chunks of 32 reach 100; the rest at the commit
+    assert file.read().column("id").to_pylist() == list(range(330))
 
 
 def test_an_aborted_part_leaves_nothing(tmp_path):

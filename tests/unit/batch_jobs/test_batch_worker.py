@@ -61,6 +61,7 @@ def runner(tmp_path, runtime, loops, **kw) -> PartRunner:
     worker.input_fs, _ = filesystem(spec.input)
     worker.fs, worker.output = filesystem(spec.output)
     worker.node = node_address()
+    worker.actor, worker.load_s = "local/1", 2.5
     return worker
 
 
@@ -76,6 +77,10 @@ def test_a_part_with_bad_rows_and_a_failing_row_is_written_whole(tmp_path, loops
     figures = worker({"part": [part.to_json()]})
     assert figures["rows"] == [8] and figures["errors"] == [6] and figures["failure"] == [""]
     assert figures["node"] == ["local"]  # outside Ray
+    # What the driver tells start-up from work by: the actor, its load, the part's times.
+    assert figures["actor"] == ["local/1"] and figures["load_s"] == [2.5]
+    assert figures["began"][0] <= figures["ended"][0] and figures["cpu_s"][0] >= 0
+    assert 0 <= figures["waited_s"][0] <= figures["seconds"][0]
     lines = (tmp_path / "out" / "part-00000.jsonl").read_text().splitlines()
     written = [json.loads(line) for line in lines]
     assert [(r.get("text"), r["score"], r["version"]) for r in written] == [
