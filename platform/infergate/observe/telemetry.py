@@ -107,20 +107,20 @@ class Totals:
         self._counters[key] = total + value
 
     def observe(self, metric: m.Metric, labels: Labels, values: Iterable[float]) -> None:
-        histogram = self._histograms.get((metric.name, labels))
-        if histogram is None:
-            self._metrics[metric.name] = metric
-            histogram = self._histograms[(metric.name, labels)] = _Histogram(metric.buckets)
+        histogram = self._histogram(metric, labels)
         for value in values:
             histogram.add(value)
 
     def observe_many(self, metric: m.Metric, labels: Labels, values: np.ndarray) -> None:
         """``observe`` for an array of values, in one pass."""
+        self._histogram(metric, labels).add_many(values)
+
+    def _histogram(self, metric: m.Metric, labels: Labels) -> _Histogram:
         histogram = self._histograms.get((metric.name, labels))
         if histogram is None:
             self._metrics[metric.name] = metric
             histogram = self._histograms[(metric.name, labels)] = _Histogram(metric.buckets)
-        histogram.add_many(values)
+        return histogram
 
     def samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
         """``(series name, labels, value)`` for every counter and histogram series."""
