@@ -1,9 +1,13 @@
 """Hooks for every test: what a test needs of the machine fails it where missing, unless
-TESTS_WITHOUT excuses the machine (tests/machine.py)."""
+TESTS_WITHOUT excuses the machine (tests/machine.py); and, after the run, where its time
+went by folder and module."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import pytest
+from _pytest.terminal import TerminalReporter
 
 import machine
 
@@ -21,3 +25,30 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before the test's fixtures start anything."""
     machine.check(item)
+
+
+# Where a run's time goes, by module and by folder: pytest's --durations lists single
+# phases, while a module's stack start, its tests and its teardown add up to what CI waits.
+# The session stack's start counts for the first module that asks for it.
+_seconds_by_module: dict[str, float] = defaultdict(float)
+SLOWEST_MODULES = 15
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds_by_module[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own --durations list
+def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
+    if not _seconds_by_module:
+        return
+    by_folder: dict[str, float] = defaultdict(float)
+    for module, seconds in _seconds_by_module.items():
+        by_folder["/".join(module.split("/")[:2])] += seconds
+    write = terminalreporter.write_line
+    terminalreporter.section("time by folder and slowest modules (setup + call + teardown)")
+    for folder, seconds in sorted(by_folder.items(), key=lambda kv: -kv[1]):
+        write(f"{seconds:8.1f}s  {folder}/")
+    slowest = sorted(_seconds_by_module.items(), key=lambda kv: -kv[1])[:SLOWEST_MODULES]
+    for module, seconds in slowest:
+        write(f"{seconds:8.1f}s  {module}")
