@@ -72,8 +72,46 @@ def test_sentiment_model_exports_and_still_classifies(trained, tmp_path):
 def test_build_sentiment_model_returns_the_folder(tmp_path, small_data):
     encoder = tiny_bert(tmp_path / "encoder", "feature-extraction")
     out = tmp_path / "model"
-    assert demo_models.build_sentiment_model(encoder, small_data, out, progress=False) == out
+    built = demo_models.build_sentiment_model(
+        encoder, small_data, out, progress=False, cache_dir=tmp_path / "cache"
+    )
+    assert built == out
     assert (out / "config.json").is_file()
+
+
+def test_a_folder_trained_before_from_the_same_inputs_is_copied_not_trained(
+    tmp_path, small_data, monkeypatch
+):
+    encoder = tiny_bert(tmp_path / "encoder", "feature-extraction")
+    cache = tmp_path / "cache"
+
+    def build(out: str, seed: int = 0) -> Path:
+        return demo_models.build_sentiment_model(
+            encoder, small_data, tmp_path / out, seed=seed, progress=False, cache_dir=cache
+        )
+
+    first = build("first")
+    [kept] = cache.iterdir()
+    trainings = []
+    train = demo_models.train_sentiment_model
+    monkeypatch.setattr(
+        demo_models,
+        "train_sentiment_model",
+        lambda *a, **kw: trainings.append(kw["seed"]) or train(*a, **kw),
+    )
+    again = build("again")
+    assert trainings == []  # copied from the cache
+    for path in first.rglob("*"):
+        if path.is_file():
+            assert (again / path.relative_to(first)).read_bytes() == path.read_bytes(), path
+    # Another seed, or other data, is another model: trained, and kept beside the first.
+    build("other-seed", seed=1)
+    (small_data.parent / "more.tsv").write_text(small_data.read_text() + "positive\tgreat\n")
+    demo_models.build_sentiment_model(
+        encoder, small_data.parent / "more.tsv", tmp_path / "more", progress=False, cache_dir=cache
+    )
+    assert trainings == [1, 0]
+    assert len(list(cache.iterdir())) == 3 and kept.is_dir()
 
 
 def test_training_is_deterministic_for_a_seed(tmp_path, small_data):
