@@ -94,7 +94,8 @@ def _inputs_key(encoder_dir: Path, data_file: Path, seed: int) -> str:
     ]:
         digest.update(path.name.encode())
         with path.open("rb") as handle:
-            digest.update(hashlib.file_digest(handle, "sha256").digest())
+            while block := handle.read(1 << 20):
+                digest.update(block)
     return digest.hexdigest()[:16]
 
 
