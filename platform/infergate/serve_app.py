@@ -42,7 +42,7 @@ PAYLOAD_CLOSE_S = 5.0  # how long a replica shutting down waits for its last pay
 class FrontendDeployment:
     """Tokenizes, calls Triton over gRPC, post-processes; one instance per replica."""
 
-    async def __init__(self) -> None:
+    async def __init__(self) -> None:  # type: ignore[misc]  # Ray Serve awaits an async __init__
         tokenize_serially()
         log_to_replica_file()
         self._telemetry = RayTelemetry()
@@ -191,7 +191,7 @@ def replica_options(serve_settings: ServeSettings) -> dict[str, Any]:
 
 def frontend_app(settings: FrontendSettings, serve_settings: ServeSettings) -> serve.Application:
     """The front-end application, ready for ``serve.run``."""
-    return FrontendDeployment.options(
+    return FrontendDeployment.options(  # type: ignore[attr-defined]  # added by the Ray decorator
         user_config={"settings": settings.model_dump(mode="json")},
         **replica_options(serve_settings),
     ).bind()
@@ -202,6 +202,6 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     infergate.serve_app:build_app``), as KubeRay's RayService uses: ``args`` are
     ``FrontendSettings`` fields. Scaling comes from the config's ``deployments`` section."""
     settings = FrontendSettings.model_validate(args)
-    return FrontendDeployment.options(
+    return FrontendDeployment.options(  # type: ignore[attr-defined]  # added by the Ray decorator
         user_config={"settings": settings.model_dump(mode="json")}
     ).bind()

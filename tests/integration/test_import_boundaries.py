@@ -4,9 +4,9 @@ module imported on the way counts (``sys.modules`` after the imports).
 The core (the data plane in ``serving``, the ``protocols``, what ``observe`` records, the
 ``tasks``, and the vocabulary: config, errors, versions, the rollout policy) runs without
 Ray, Triton's client or MLflow: it is tested in milliseconds and reused wherever those are
-absent. Its packages are taken whole, by folder, from the list mypy checks
-(``[tool.mypy]`` in pyproject.toml), so a module added to a core package is covered
-without being named anywhere.
+absent. Its packages are taken whole, by folder, from ``[tool.infergate.core]`` in
+pyproject.toml, so a module added to a core package is covered without being named
+anywhere.
 """
 
 import os
@@ -37,9 +37,10 @@ def module_names(package: str) -> list[str]:
 
 
 def core_modules() -> list[str]:
-    mypy = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
-    return [name for package in mypy["packages"] for name in module_names(package)] + list(
-        mypy["modules"]
+    pyproject = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())
+    core = pyproject["tool"]["infergate"]["core"]
+    return [name for package in core["packages"] for name in module_names(package)] + list(
+        core["modules"]
     )
 
 

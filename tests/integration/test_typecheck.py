@@ -1,4 +1,4 @@
-"""The pure core type-checks (mypy, configured in pyproject.toml), as `make lint` runs it."""
+"""The whole package type-checks (mypy, configured in pyproject.toml), as `make lint` runs it."""
 
 import shutil
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 from infergate.config import PROJECT_ROOT
 
 
-def test_the_core_type_checks(tmp_path: Path):
+def test_the_package_type_checks(tmp_path: Path):
     mypy = shutil.which("mypy", path=str(Path(sys.executable).parent))
     assert mypy, "mypy is a dev dependency: make install"
     run = subprocess.run(

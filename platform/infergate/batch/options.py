@@ -59,9 +59,9 @@ def format_of(path: str, given: str | None = None) -> str:
     for name, endings in FORMATS.items():
         if lowered.endswith(endings):
             return name
-    endings = ", ".join(e for es in FORMATS.values() for e in es)
+    known = ", ".join(e for es in FORMATS.values() for e in es)
     raise BatchError(
-        f"cannot tell the format of {path!r} from its name (expected one of {endings}); "
+        f"cannot tell the format of {path!r} from its name (expected one of {known}); "
         "pass --input-format or --output-format"
     )
 

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         measured = {}
         for name in candidates:
             measured[name] = keep_quietest(
-                lambda name=name: measure(layouts[name], output, batches, args.duration),
+                partial(measure, layouts[name], output, batches, args.duration),
                 args.noisy_cpu_percent, args.retries, settle,
             )  # fmt: skip
         name = max(measured, key=lambda n: measured[n]["sequences_per_s"])

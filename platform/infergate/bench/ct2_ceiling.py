@@ -26,6 +26,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -156,9 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             batches = token_batches(tokenizer, vocabulary, pool, batch_size)
             measured = {
                 name: keep_quietest(
-                    lambda t=translator, d=drivers, b=batches: measure(
-                        t, d, b, decoding, args.duration
-                    ),
+                    partial(measure, translator, drivers, batches, decoding, args.duration),
                     args.noisy_cpu_percent, args.retries, settle,
                 )
                 for name, (translator, drivers) in layouts.items()

@@ -28,6 +28,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -67,26 +68,31 @@ class OrtBackend:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
 
     async def infer(
-        self, model: str, input_ids: np.ndarray, attention_mask: np.ndarray, output_name: str
+        self,
+        model: str,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        output_name: str,
+        *,
+        extra: Mapping[str, np.ndarray] | None = None,
     ) -> np.ndarray:
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask, **(extra or {})}
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(
-                self._executor, self._run, output_name, input_ids, attention_mask
-            )
+            return await loop.run_in_executor(self._executor, self._run, output_name, feeds)
         except Exception as exc:
             log.warning("ONNX Runtime failed on %d rows: %s", len(input_ids), exc)
             raise InfergateError("The model failed on this batch.") from exc
 
-    def _run(self, output_name: str, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return self._session.run([output_name], {"input_ids": ids, "attention_mask": mask})[0]
+    def _run(self, output_name: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        return self._session.run([output_name], feeds)[0]
 
 
 @serve.deployment(name="frontend")
 class InprocessFrontend:
     """The platform's front-end over :class:`OrtBackend`; one instance per replica."""
 
-    async def __init__(self, model: dict[str, Any], triton: dict, frontend: dict) -> None:
+    async def __init__(self, model: dict[str, Any], triton: dict, frontend: dict) -> None:  # type: ignore[misc]  # Ray Serve awaits an async __init__
         from infergate.observe.telemetry import RayTelemetry
 
         tokenize_serially()  # as the platform's replicas do
@@ -148,7 +154,7 @@ class FloorFrontend:
 def build_app(model: dict[str, Any], serve_settings: ServeSettings, triton: TritonSettings,
               frontend: FrontendSettings) -> serve.Application:  # fmt: skip
     """The deployment with the replica options of ``infergate.serve_app.frontend_app``."""
-    return InprocessFrontend.options(
+    return InprocessFrontend.options(  # type: ignore[attr-defined]  # added by the Ray decorator
         **replica_options(serve_settings),
     ).bind(model, triton.model_dump(mode="json"), frontend.model_dump(mode="json"))
 
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         start_ray(serve_settings, keep=set())  # keeps the handlers just installed
         if args.floor:
-            app = FloorFrontend.options(**replica_options(config.serve)).bind()
+            app = FloorFrontend.options(**replica_options(config.serve)).bind()  # type: ignore[attr-defined]  # added by the Ray decorator
         else:
             app = build_app(model, config.serve, config.triton, config.frontend)
         serve.run(app, name="infergate", route_prefix="/", blocking=False)

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = orjson.loads((args.served_dir / "infergate.json").read_bytes())
     config = load_config()
     # The platform's replica options (scaling, CPUs, queue), so that only the work differs.
-    app = LeanFrontend.options(**replica_options(config.serve)).bind(
+    app = LeanFrontend.options(**replica_options(config.serve)).bind(  # type: ignore[attr-defined]  # added by the Ray decorator
         config.frontend_settings().model_dump(mode="json"),
         str(args.served_dir.resolve() / "tokenizer"),
         args.model,

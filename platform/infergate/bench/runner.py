@@ -78,7 +78,7 @@ def machine_info() -> dict[str, Any]:
             cpu = line.split(":", 1)[1].strip()
             break
     meminfo = Path("/proc/meminfo").read_text().split()
-    versions = {}
+    versions: dict[str, str | None] = {}
     for package in ("onnxruntime", "ray", "torch", "transformers", "tokenizers", "tritonclient"):
         try:
             from importlib.metadata import version

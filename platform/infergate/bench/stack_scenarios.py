@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -146,10 +147,8 @@ class InfergateStack(Scenario):
             batches = [tokenizer([text]) for text in texts.by_tokens[tokens][:16]]
             requests = [(batch.input_ids, batch.attention_mask) for batch in batches]
             figures = run_sync(
-                lambda requests=requests: sequential_calls(
-                    backend, self.triton_model, spec["output_name"], requests,
-                    profile.warmup_s, profile.duration_s,
-                )
+                partial(sequential_calls, backend, self.triton_model, spec["output_name"],
+                        requests, profile.warmup_s, profile.duration_s)
             )  # fmt: skip
             rows.append({"tokens": tokens, **figures})
         return rows

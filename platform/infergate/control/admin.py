@@ -198,7 +198,9 @@ class AdminApi:
         return self.rollouts.status(request.path_params["name"]).to_dict()
 
     def start(self, request: Request, body: bytes) -> dict[str, Any]:
-        fields = {"version": (str, int), "weight": int, "mode": str, "shadow": bool}
+        fields: dict[str, type | tuple[type, ...]] = {
+            "version": (str, int), "weight": int, "mode": str, "shadow": bool
+        }  # fmt: skip
         data = _fields(body, fields)
         if "version" not in data:
             raise InvalidInput("field 'version' is required")

@@ -195,7 +195,7 @@ def control_state(labels: Mapping[str, str] | None = None) -> ray.actor.ActorHan
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
         except Exception:  # a driver that cannot say its node (Ray Client): anywhere
             pass
-    return ControlState.options(
+    return ControlState.options(  # type: ignore[attr-defined]  # added by the Ray decorator
         name=STATE_ACTOR, namespace=STATE_NAMESPACE, lifetime="detached", get_if_exists=True,
         **options,
     ).remote()  # fmt: skip

@@ -108,7 +108,8 @@ def _render(
     for label, values in sorted(series, key=lambda item: item[0]):
         times = [datetime.fromtimestamp(float(t)) for t, _ in values]
         numbers = [float(v) * scale for _, v in values]
-        axes.plot(times, numbers, label=label, linewidth=1.4)
+        # matplotlib's units registry takes datetimes; its stubs name only numbers and arrays
+        axes.plot(times, numbers, label=label, linewidth=1.4)  # type: ignore[arg-type]
     _draw_thresholds(axes, panel, scale)
     if not series:
         axes.text(0.5, 0.5, "no data", transform=axes.transAxes, ha="center", va="center",

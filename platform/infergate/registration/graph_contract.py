@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx
 from onnx import TensorProto, helper
@@ -254,8 +255,8 @@ def adapt(
             f"the graph already has a value named {output_name} that is not its output; rename it"
         )
     rank = 3 if fitted.per_token_output and not fitted.head else 2
-    axes: list[str | int | None] = ["batch", "sequence", None][:rank]
-    result = helper.make_tensor_value_info(output_name, TensorProto.FLOAT, axes)
+    axes: list[str | int | None] = ["batch", "sequence", None]
+    result = helper.make_tensor_value_info(output_name, TensorProto.FLOAT, axes[:rank])
     dropped = [o.name for o in graph.output if o.name != fitted.output]
     del graph.output[:]
     graph.output.append(result)
@@ -292,7 +293,7 @@ def _constant(name: str, values: Sequence[int | float], elem: int) -> onnx.NodeP
 
 
 def _with_axes(
-    op: str, inputs: list[str], output: str, axes: list[int], opset: int, **attrs: int
+    op: str, inputs: list[str], output: str, axes: list[int], opset: int, **attrs: Any
 ) -> list[onnx.NodeProto]:
     """``op`` over ``axes``, in the form the graph's opset takes."""
     if opset >= _AXES_AS_INPUT[op]:

@@ -223,7 +223,8 @@ def build(
             log.info("adapted %s: %s", onnx_path, adapted.doc_string or "no changes")
             reference = reference_runner(onnx_path, fitted, sep_id)
             try:
-                probe = reference(**encode(_probe_samples(task)))
+                probe_feeds = encode(_probe_samples(task))
+                probe = reference(probe_feeds["input_ids"], probe_feeds["attention_mask"])
             except Exception as exc:  # ORT's own exception types
                 raise RegistrationError(
                     f"running {onnx_path} in ONNX Runtime failed: {first_line(exc)}"

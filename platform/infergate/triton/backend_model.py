@@ -78,6 +78,7 @@ class TritonPythonModel:
         for index, request in enumerate(requests):
             ids = pb_utils.get_input_tensor_by_name(request, INPUT_IDS)
             mask = pb_utils.get_input_tensor_by_name(request, ATTENTION_MASK)
+            problem: str | None
             if ids is None or mask is None:
                 problem = f"the request needs both {INPUT_IDS!r} and {ATTENTION_MASK!r}."
             else:

@@ -89,9 +89,10 @@ class Engine:
         # Source and target share one vocabulary for the models registered so far; with
         # two files the source one maps input ids.
         source = model_dir / "source_vocabulary.json"
-        self.source_tokens = json.loads(source.read_text()) if source.is_file() else None
         self.tokens = read_vocabulary(model_dir)
-        self.source_tokens = self.source_tokens or self.tokens
+        self.source_tokens: list[str] = (
+            json.loads(source.read_text()) if source.is_file() else None
+        ) or self.tokens
         self.ids = {token: i for i, token in enumerate(self.tokens)}
 
     def rows(self, ids: np.ndarray, mask: np.ndarray, decoding: np.ndarray) -> list[Row]:
@@ -202,7 +203,7 @@ class TritonPythonModel:
         return self.engine.rows(ids.as_numpy(), mask.as_numpy(), decoding.as_numpy())
 
     def finalize(self) -> None:
-        self.engine = None
+        del self.engine  # the translator's memory goes with its last reference
 
 
 def _error_response(message: str) -> Any:
