@@ -63,7 +63,7 @@ def test_csv_cells_are_read_as_text(tmp_path):
     path.write_text("id,text\n007,\n2,hello\n")
     fs, name = filesystem(str(path))
     assert columns_of(fs, name, "csv") == ["id", "text"]
-    (chunk,) = read_part(fs, plan(fs, [name], "csv", 0, 0)[0], 10)
+    (chunk,) = read_part(fs, plan(fs, [name], "csv", 0, 1 << 20)[0], 10)
     assert chunk == {"id": ["007", "2"], "text": ["", "hello"]}
 
 
@@ -125,7 +125,8 @@ def test_parts_agree_on_the_type_of_a_column_null_in_some(tmp_path):
     assert pq.read_table(tmp_path).column("error").to_pylist() == [None, "empty"]
 
 
-def test_csv_fields_with_line_breaks_are_read_across_blocks(tmp_path):
+@pytest.mark.parametrize("part_bytes", [1 << 20, 8 << 20])
+def test_csv_fields_with_line_breaks_are_read_across_blocks(tmp_path, part_bytes):
     # Over pyarrow's 1 MiB read block: a break inside a quoted field near a block's end
     # is only read right when the parser is told such breaks exist.
     path = tmp_path / "in.csv"
@@ -134,7 +135,9 @@ def test_csv_fields_with_line_breaks_are_read_across_blocks(tmp_path):
     assert path.stat().st_size > 2 << 20
     fs, name = filesystem(str(path))
     assert columns_of(fs, name, "csv") == ["id", "text"]
-    assert [r[1] for r in rows_of(fs, plan(fs, [name], "csv", 0, 0), 4096)] == texts
+    parts = plan(fs, [name], "csv", 0, part_bytes)
+    assert len(parts) == (3 if part_bytes == 1 << 20 else 1)
+    assert [r[1] for r in rows_of(fs, parts, 4096)] == texts
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
