@@ -4,13 +4,19 @@ A quoted field may hold a line break, so a line end is not always a record's end
 standard CSV (RFC 4180: fields quoted with ``"``, a quote inside a field doubled) it is
 one exactly when the number of ``"`` bytes before it in the file is even
 (https://www.rfc-editor.org/rfc/rfc4180#section-2). The planner reads the file once, in
-blocks, counting quotes with ``bytes.count`` and looking for line ends with ``bytes.find``
-only near the places it wants to cut, so a large file costs a pass at memory speed and
-one block of memory.
+blocks, counting quotes and looking for line ends with ``bytes.find`` only near the
+places it wants to cut, so a large file costs a pass at memory speed and one block of
+memory.
 
-A quote with an ordinary byte on both sides (``5" screen``, or ``a, "b"`` with a space
-before the quote) is outside that standard: pyarrow keeps such a quote as text, and
-counting it would put every later cut out of step. A file holding one is not split.
+That parity is a record's state only where every quote stands where RFC 4180 puts one.
+With ``q`` the number of quotes before a quote, one at even ``q`` opens a field or is the
+second of a doubled pair, so it follows the file's start (after any BOM), a ``,``, a line
+end (LF or CR) or a quote; one at odd ``q`` closes a field or is the first of a doubled
+pair, so it is followed by a ``,``, a line end, the file's end or a quote.
+Anywhere else (``5" screen``, ``a, "b"``, ``12",`` for inches, ``"a"b``) pyarrow keeps the
+quote as text or reads on in its own way, and counting it would put every later cut out
+of step: a file with one is not split. The planner checks every quote of every block with
+numpy, at memory speed.
 
 Each part is the exact byte range of its records. The first holds the header; the others
 are read with the header's column names given, through the same pyarrow reading (every
@@ -21,10 +27,10 @@ file, in order.
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
@@ -35,9 +41,10 @@ SCAN_BLOCK_BYTES = 1 << 20  # the planner's read size
 QUOTE, NEWLINE, CR = b'"', b"\n", b"\r"
 LINE_ENDS = b"\r\n"
 BOM = b"\xef\xbb\xbf"
-# A quote neither next to a separator, a line end nor another quote, on either side
-# (written quote first: the search then jumps from quote to quote, 15 times faster).
-STRAY_QUOTE = re.compile(rb'"(?<=[^,\r\n"]")(?=[^,\r\n"])')
+# The bytes a quote at even q may follow and one at odd q may be followed by (besides the
+# file's start and end): a field's edge, or the other quote of a doubled pair.
+FIELD_EDGE = np.zeros(256, dtype=bool)
+FIELD_EDGE[list(b',\r\n"')] = True
 
 Reader = Callable[[int, int], bytes]  # (offset, length) -> the file's bytes there
 Chunk = dict[str, list[Any]]  # column name -> values
@@ -56,16 +63,19 @@ def record_cuts(read: Reader, size: int, part_bytes: int) -> tuple[list[int], in
     seek = 0  # the first line end (an offset in the file) that may end a part
     quotes = 0  # quotes before the block
     tail = b""  # the previous block's last two bytes, for what spans two blocks
+    grammar = _QuoteGrammar()
     position = 0
     content_end = 0  # the end of the file's last byte that is not a line end
     while position < size:
-        block = read(position, min(SCAN_BLOCK_BYTES, size - position))
+        # The first block holds any BOM whole (pyarrow skips it, so the grammar does).
+        block = read(position, min(max(SCAN_BLOCK_BYTES, len(BOM)), size - position))
         if not block:
             break
+        found = grammar.quotes(block.removeprefix(BOM) if position == 0 else block, quotes)
+        if found < 0:
+            return None
         data = tail + block
         base = position - len(tail)  # the file's offset of data[0]
-        if STRAY_QUOTE.search(data.removeprefix(BOM) if position == 0 else data):
-            return None
         end = position + len(block)
         scan = _Scan(data, len(tail), quotes)
         while seek < end:
@@ -78,12 +88,44 @@ def record_cuts(read: Reader, size: int, part_bytes: int) -> tuple[list[int], in
             else:
                 cuts.append(base + at + 1)
                 seek = cuts[-1] + part_bytes - 1
-        quotes += block.count(QUOTE)
+        quotes += found
         kept = len(block.rstrip(LINE_ENDS))
         content_end = position + kept if kept else content_end
         tail = block[-2:]
         position = end
     return [cut for cut in cuts if cut < content_end], max(header_end, 0)
+
+
+class _QuoteGrammar:
+    """The quote rule of the module's docstring, checked block by block over a file: every
+    quote of a block at once (numpy), the bytes around a block's edges carried over."""
+
+    def __init__(self) -> None:
+        self.before = NEWLINE[0]  # the byte before the next block; the file's start is one
+        self.unfollowed = False  # the last block ended with a quote at odd q
+
+    def quotes(self, block: bytes, counted: int) -> int:
+        """The number of quotes in ``block``, ``counted`` quotes before it; -1 if one of
+        them, or the last block's last, stands where the rule puts none."""
+        codes = np.frombuffer(block, dtype=np.uint8)
+        if not codes.size:
+            return 0
+        if self.unfollowed and not FIELD_EDGE[codes[0]]:
+            return -1
+        at = np.flatnonzero(codes == QUOTE[0])
+        # Quotes at even q and at odd q, alternately from the first (at q = counted).
+        evens, odds = (at[0::2], at[1::2]) if counted % 2 == 0 else (at[1::2], at[0::2])
+        if evens.size and evens[0] == 0:
+            if not FIELD_EDGE[self.before]:
+                return -1
+            evens = evens[1:]
+        self.unfollowed = bool(odds.size and odds[-1] == codes.size - 1)
+        if self.unfollowed:
+            odds = odds[:-1]
+        if not (FIELD_EDGE[codes[evens - 1]].all() and FIELD_EDGE[codes[odds + 1]].all()):
+            return -1
+        self.before = int(codes[-1])
+        return int(at.size)
 
 
 class _Scan:
