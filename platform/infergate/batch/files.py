@@ -5,7 +5,9 @@ A part is a run of Parquet row groups, a byte range of a JSON Lines file (the li
 start in it), or a byte range of a CSV file cut at record boundaries (csv_parts.py: a
 quoted field may hold a line break, so not every line end is one). Output part
 ``part-00003.parquet`` is written beside under a temporary name and renamed when whole: a
-rerun finds it and skips part 3.
+rerun finds it and skips part 3. A part with no rows (a header-only CSV file, an empty
+JSON Lines file) leaves an empty ``_part-00003.parquet.empty`` instead: an empty file is
+no valid Parquet file, and data readers pass by names that start with ``_``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from infergate.batch.options import FORMATS
 from infergate.errors import BatchError
 
 PART_PREFIX = "part-"
+EMPTY_PREFIX, EMPTY_SUFFIX = "_", ".empty"  # around a part's name: the part has no rows
 SCAN_BYTES = 1 << 16  # read this much at a time looking for a line end
 SCHEMA_SAMPLE_BYTES = 1 << 20  # the JSON Lines read to find the columns
 BAD_LINE = "__bad_line__"  # a JSON Lines chunk's column: why a line could not be read
@@ -160,16 +163,18 @@ def _reader(f: Any) -> Reader:
 
 
 def written_parts(fs: pafs.FileSystem, output: str) -> set[str]:
-    """The names of the part files already in ``output``."""
+    """The names of the parts already written in ``output``: their files, and the marks of
+    those with no rows."""
     info = fs.get_file_info(output)
     if info.type == pafs.FileType.NotFound:
         return set()
     if info.type != pafs.FileType.Directory:
         raise BatchError(f"OUTPUT {output!r} is a file; give a folder for the part files")
-    return {
-        posixpath.basename(i.path) for i in fs.get_file_info(pafs.FileSelector(output))
-        if posixpath.basename(i.path).startswith(PART_PREFIX)
-    }  # fmt: skip
+    names = {posixpath.basename(i.path) for i in fs.get_file_info(pafs.FileSelector(output))}
+    empty = EMPTY_PREFIX + PART_PREFIX
+    return {name.removeprefix(EMPTY_PREFIX).removesuffix(EMPTY_SUFFIX) for name in names
+            if name.startswith(PART_PREFIX)
+            or (name.startswith(empty) and name.endswith(EMPTY_SUFFIX))}  # fmt: skip
 
 
 # -- reading a part ------------------------------------------------------------------------
@@ -263,6 +268,8 @@ class PartWriter:
         self._fs, self._fmt = fs, fmt
         self.path = posixpath.join(output, name)
         self._temporary = posixpath.join(output, f".{name}.writing")
+        self._empty_mark = posixpath.join(output, EMPTY_PREFIX + name + EMPTY_SUFFIX)
+        self._rows = 0
         fs.create_dir(output, recursive=True)
         self._stream = fs.open_output_stream(self._temporary)
         self._parquet: pq.ParquetWriter | None = None
@@ -274,6 +281,7 @@ class PartWriter:
         self._types = types or {}
 
     def write(self, chunk: Chunk) -> None:
+        self._rows += _length(chunk)
         if self._fmt == "jsonl":
             names = list(chunk)
             lines = (
@@ -329,6 +337,10 @@ class PartWriter:
         self._gathered = []
 
     def commit(self) -> None:
+        if not self._rows:  # no file at all rather than one no reader takes
+            self.abort()
+            self._fs.open_output_stream(self._empty_mark).close()
+            return
         if self._fmt == "parquet":
             if self._parquet is None and self._pending:
                 self._open_parquet()

@@ -94,6 +94,29 @@ def test_a_part_appears_only_when_whole(tmp_path, fmt):
         assert "pos" in (tmp_path / "out" / f"part-00000.{fmt}").read_text()
 
 
+@pytest.mark.parametrize(("fmt", "empty"), [("csv", "id,text\n"), ("jsonl", "")])
+def test_a_part_with_no_rows_leaves_a_mark_a_rerun_knows_not_an_empty_file(tmp_path, fmt,
+                                                                           empty):  # fmt: skip
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / f"a.{fmt}").write_text(
+        "id,text\n1,x\n2,y\n" if fmt == "csv" else '{"id": "1", "text": "x"}\n'
+    )
+    (tmp_path / "in" / f"b.{fmt}").write_text(empty)  # a header-only or an empty file
+    fs, folder = filesystem(str(tmp_path / "in"))
+    parts = plan(fs, input_files(fs, folder, fmt, "in"), fmt, 0, 1 << 20)
+    out_fs, out = filesystem(str(tmp_path / "out"))
+    for part in parts:
+        writer = PartWriter(out_fs, out, part.output_name("parquet"), "parquet")
+        for chunk in read_part(fs, part, 4):
+            writer.write(chunk)
+        writer.commit()
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["_part-00001.parquet.empty", "part-00000.parquet"]
+    assert written_parts(out_fs, out) == {"part-00000.parquet", "part-00001.parquet"}
+    # The folder reads as one table: readers pass the mark by.
+    assert pq.read_table(tmp_path / "out").column("text").to_pylist()[0] == "x"
+
+
 def test_a_parquet_part_gathers_chunks_into_row_groups(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "ROW_GROUP_ROWS", 100)
     fs, folder = filesystem(str(tmp_path))
