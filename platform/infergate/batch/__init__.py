@@ -7,6 +7,7 @@ as the Triton models (``infergate.triton.backend_model``, ``translator_model``).
 
 options.py (what a job is asked, checked before any work), rows.py (a row's checks and
 the output columns; pure), files.py (Parquet, JSON Lines and CSV parts through pyarrow's
-filesystems), engines.py (the in-process backends), worker.py (the Ray Data actor that
-runs one part), job.py (planning, Ray, progress, the MLflow record), cli.py.
+filesystems), csv_parts.py (a CSV file cut at record boundaries), engines.py (the
+in-process backends), worker.py (the Ray Data actor that runs one part), job.py
+(planning, Ray, progress, the MLflow record), cli.py.
 """

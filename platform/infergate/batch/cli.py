@@ -106,7 +106,7 @@ def add_command(
         "--part-bytes",
         type=int,
         default=DEFAULT_PART_BYTES,
-        help="JSON Lines: files are split into parts of this many bytes",
+        help="JSON Lines and CSV: files are split into parts of about this many bytes",
     )
     batch.add_argument(
         "--concurrency",

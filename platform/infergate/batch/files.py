@@ -2,9 +2,12 @@
 read in chunks, and one output file per part written under a name fixed by the part.
 
 A part is a run of Parquet row groups, a byte range of a JSON Lines file (the lines that
-start in it), or a whole CSV file (a quoted field may hold a line break, so a CSV file is
-not split). Output part ``part-00003.parquet`` is written beside under a temporary name
-and renamed when whole: a rerun finds it and skips part 3.
+start in it), or a byte range of a CSV file cut at record boundaries (csv_parts.py: a
+quoted field may hold a line break, so not every line end is one). Output part
+``part-00003.parquet`` is written beside under a temporary name and renamed when whole: a
+rerun finds it and skips part 3. A part with no rows (a header-only CSV file, an empty
+JSON Lines file) leaves an empty ``_part-00003.parquet.empty`` instead: an empty file is
+no valid Parquet file, and data readers pass by names that start with ``_``.
 """
 
 from __future__ import annotations
@@ -18,20 +21,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from infergate.batch.csv_parts import Chunk, Reader, csv_ranges, names_at, read_csv_range
 from infergate.batch.options import FORMATS
 from infergate.errors import BatchError
 
 PART_PREFIX = "part-"
+EMPTY_PREFIX, EMPTY_SUFFIX = "_", ".empty"  # around a part's name: the part has no rows
 SCAN_BYTES = 1 << 16  # read this much at a time looking for a line end
 SCHEMA_SAMPLE_BYTES = 1 << 20  # the JSON Lines read to find the columns
 BAD_LINE = "__bad_line__"  # a JSON Lines chunk's column: why a line could not be read
-# A quoted CSV field may hold a line break: pyarrow reads a file in blocks cut at line
-# ends, and without this a break inside a field near a block's end loses its sync.
-CSV_PARSING = pacsv.ParseOptions(newlines_in_values=True)
 # An output Parquet file's row groups: chunks (a model call's rows each) are gathered up to
 # this many rows or bytes before a row group is written. A row group per chunk of 32 rows
 # wrote 2,048 row groups for 65,536 rows, each with its own statistics and pages.
@@ -59,20 +60,23 @@ class Part:
     path: str
     format: str
     row_groups: tuple[int, ...] = ()  # Parquet
-    start: int = 0  # JSON Lines: the byte range whose lines are this part's
+    # JSON Lines: the byte range whose lines are this part's; CSV: its records' bytes.
+    start: int = 0
     stop: int = 0
     weight: int = 0
+    columns: tuple[str, ...] = ()  # CSV: the header's names, for a file that is split
 
     def output_name(self, output_format: str) -> str:
         return f"{PART_PREFIX}{self.index:05d}{FORMATS[output_format][0]}"
 
     def to_json(self) -> str:
-        return json.dumps({**self.__dict__, "row_groups": list(self.row_groups)})
+        return json.dumps(self.__dict__)
 
     @classmethod
     def from_json(cls, text: str) -> Part:
         data = json.loads(text)
-        return cls(**{**data, "row_groups": tuple(data["row_groups"])})
+        return cls(**{**data, "row_groups": tuple(data["row_groups"]),
+                      "columns": tuple(data["columns"])})  # fmt: skip
 
 
 def input_files(fs: pafs.FileSystem, path: str, fmt: str, shown: str) -> list[str]:
@@ -101,8 +105,8 @@ def columns_of(fs: pafs.FileSystem, path: str, fmt: str) -> list[str]:
             with fs.open_input_file(path) as f:
                 return list(pq.ParquetFile(f).schema_arrow.names)
         if fmt == "csv":
-            with fs.open_input_stream(path) as f:
-                return list(pacsv.open_csv(f, parse_options=CSV_PARSING).schema.names)
+            with fs.open_input_file(path) as f:
+                return names_at(_reader(f), f.size())
         with fs.open_input_file(path) as f:
             head = f.read(SCHEMA_SAMPLE_BYTES)
         lines = head.splitlines()
@@ -145,26 +149,35 @@ def plan(fs: pafs.FileSystem, files: list[str], fmt: str, part_rows: int,
                 parts.append(Part(len(parts), path, fmt, start=start, stop=stop,
                                   weight=stop - start))  # fmt: skip
         else:
-            parts.append(Part(len(parts), path, fmt, weight=fs.get_file_info(path).size or 0))
+            with fs.open_input_file(path) as f:
+                ranges = csv_ranges(_reader(f), f.size(), part_bytes)
+            for start, stop, columns in ranges:
+                parts.append(Part(len(parts), path, fmt, start=start, stop=stop,
+                                  weight=stop - start, columns=tuple(columns)))  # fmt: skip
     return parts
 
 
+def _reader(f: Any) -> Reader:
+    """``(offset, length) -> bytes`` of an open pyarrow file."""
+    return lambda at, length: f.read_at(length, at)
+
+
 def written_parts(fs: pafs.FileSystem, output: str) -> set[str]:
-    """The names of the part files already in ``output``."""
+    """The names of the parts already written in ``output``: their files, and the marks of
+    those with no rows."""
     info = fs.get_file_info(output)
     if info.type == pafs.FileType.NotFound:
         return set()
     if info.type != pafs.FileType.Directory:
         raise BatchError(f"OUTPUT {output!r} is a file; give a folder for the part files")
-    return {
-        posixpath.basename(i.path) for i in fs.get_file_info(pafs.FileSelector(output))
-        if posixpath.basename(i.path).startswith(PART_PREFIX)
-    }  # fmt: skip
+    names = {posixpath.basename(i.path) for i in fs.get_file_info(pafs.FileSelector(output))}
+    empty = EMPTY_PREFIX + PART_PREFIX
+    return {name.removeprefix(EMPTY_PREFIX).removesuffix(EMPTY_SUFFIX) for name in names
+            if name.startswith(PART_PREFIX)
+            or (name.startswith(empty) and name.endswith(EMPTY_SUFFIX))}  # fmt: skip
 
 
 # -- reading a part ------------------------------------------------------------------------
-
-Chunk = dict[str, list[Any]]  # column name -> values
 
 
 def read_part(fs: pafs.FileSystem, part: Part, rows: int) -> Iterator[Chunk]:
@@ -176,14 +189,9 @@ def read_part(fs: pafs.FileSystem, part: Part, rows: int) -> Iterator[Chunk]:
             for batch in batches:
                 yield batch.to_pydict()
     elif part.format == "csv":
-        # Every column as text, as the file has it: "007" stays "007", "" stays "".
-        with fs.open_input_stream(part.path) as f:
-            names = pacsv.open_csv(f, parse_options=CSV_PARSING).schema.names
-        types = dict.fromkeys(names, pa.string())
-        convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=False)
-        with fs.open_input_stream(part.path) as f:
-            for batch in pacsv.open_csv(f, parse_options=CSV_PARSING, convert_options=convert):
-                yield from _split(batch.to_pydict(), rows)
+        with fs.open_input_file(part.path) as f:
+            columns = list(part.columns) or None
+            yield from read_csv_range(_reader(f), part.start, part.stop, columns, rows)
     else:
         yield from _json_lines(fs, part, rows)
 
@@ -243,12 +251,6 @@ def _columns(records: list[dict[str, Any]], names: dict[str, None]) -> Chunk:
     return {name: [record.get(name) for record in records] for name in names}
 
 
-def _split(chunk: Chunk, rows: int) -> Iterator[Chunk]:
-    total = len(next(iter(chunk.values()), []))
-    for start in range(0, total, rows):
-        yield {name: values[start : start + rows] for name, values in chunk.items()}
-
-
 # -- writing a part ------------------------------------------------------------------------
 
 
@@ -266,6 +268,8 @@ class PartWriter:
         self._fs, self._fmt = fs, fmt
         self.path = posixpath.join(output, name)
         self._temporary = posixpath.join(output, f".{name}.writing")
+        self._empty_mark = posixpath.join(output, EMPTY_PREFIX + name + EMPTY_SUFFIX)
+        self._rows = 0
         fs.create_dir(output, recursive=True)
         self._stream = fs.open_output_stream(self._temporary)
         self._parquet: pq.ParquetWriter | None = None
@@ -277,6 +281,7 @@ class PartWriter:
         self._types = types or {}
 
     def write(self, chunk: Chunk) -> None:
+        self._rows += _length(chunk)
         if self._fmt == "jsonl":
             names = list(chunk)
             lines = (
@@ -332,6 +337,10 @@ class PartWriter:
         self._gathered = []
 
     def commit(self) -> None:
+        if not self._rows:  # no file at all rather than one no reader takes
+            self.abort()
+            self._fs.open_output_stream(self._empty_mark).close()
+            return
         if self._fmt == "parquet":
             if self._parquet is None and self._pending:
                 self._open_parquet()

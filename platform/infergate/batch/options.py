@@ -26,7 +26,7 @@ ALIASES = (CHAMPION, CANARY)
 DEFAULT_BATCH_SIZE = 32
 MAX_BATCH_SIZE = 1024
 DEFAULT_PART_ROWS = 8192  # Parquet row groups are gathered into parts of about this many rows
-DEFAULT_PART_BYTES = 8 << 20  # JSON Lines files are split into parts of about this size
+DEFAULT_PART_BYTES = 8 << 20  # JSON Lines and CSV files are split into parts of about this size
 
 
 @dataclass(frozen=True)

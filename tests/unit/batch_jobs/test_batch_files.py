@@ -63,7 +63,7 @@ def test_csv_cells_are_read_as_text(tmp_path):
     path.write_text("id,text\n007,\n2,hello\n")
     fs, name = filesystem(str(path))
     assert columns_of(fs, name, "csv") == ["id", "text"]
-    (chunk,) = read_part(fs, plan(fs, [name], "csv", 0, 0)[0], 10)
+    (chunk,) = read_part(fs, plan(fs, [name], "csv", 0, 1 << 20)[0], 10)
     assert chunk == {"id": ["007", "2"], "text": ["", "hello"]}
 
 
@@ -92,6 +92,29 @@ def test_a_part_appears_only_when_whole(tmp_path, fmt):
         assert rows[1] == {"text": "b", "label": "pos", "scores": {"pos": 1.0}}
     else:
         assert "pos" in (tmp_path / "out" / f"part-00000.{fmt}").read_text()
+
+
+@pytest.mark.parametrize(("fmt", "empty"), [("csv", "id,text\n"), ("jsonl", "")])
+def test_a_part_with_no_rows_leaves_a_mark_a_rerun_knows_not_an_empty_file(tmp_path, fmt,
+                                                                           empty):  # fmt: skip
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / f"a.{fmt}").write_text(
+        "id,text\n1,x\n2,y\n" if fmt == "csv" else '{"id": "1", "text": "x"}\n'
+    )
+    (tmp_path / "in" / f"b.{fmt}").write_text(empty)  # a header-only or an empty file
+    fs, folder = filesystem(str(tmp_path / "in"))
+    parts = plan(fs, input_files(fs, folder, fmt, "in"), fmt, 0, 1 << 20)
+    out_fs, out = filesystem(str(tmp_path / "out"))
+    for part in parts:
+        writer = PartWriter(out_fs, out, part.output_name("parquet"), "parquet")
+        for chunk in read_part(fs, part, 4):
+            writer.write(chunk)
+        writer.commit()
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["_part-00001.parquet.empty", "part-00000.parquet"]
+    assert written_parts(out_fs, out) == {"part-00000.parquet", "part-00001.parquet"}
+    # The folder reads as one table: readers pass the mark by.
+    assert pq.read_table(tmp_path / "out").column("text").to_pylist()[0] == "x"
 
 
 def test_a_parquet_part_gathers_chunks_into_row_groups(tmp_path, monkeypatch):
@@ -125,7 +148,8 @@ def test_parts_agree_on_the_type_of_a_column_null_in_some(tmp_path):
     assert pq.read_table(tmp_path).column("error").to_pylist() == [None, "empty"]
 
 
-def test_csv_fields_with_line_breaks_are_read_across_blocks(tmp_path):
+@pytest.mark.parametrize("part_bytes", [1 << 20, 8 << 20])
+def test_csv_fields_with_line_breaks_are_read_across_blocks(tmp_path, part_bytes):
     # Over pyarrow's 1 MiB read block: a break inside a quoted field near a block's end
     # is only read right when the parser is told such breaks exist.
     path = tmp_path / "in.csv"
@@ -134,7 +158,9 @@ def test_csv_fields_with_line_breaks_are_read_across_blocks(tmp_path):
     assert path.stat().st_size > 2 << 20
     fs, name = filesystem(str(path))
     assert columns_of(fs, name, "csv") == ["id", "text"]
-    assert [r[1] for r in rows_of(fs, plan(fs, [name], "csv", 0, 0), 4096)] == texts
+    parts = plan(fs, [name], "csv", 0, part_bytes)
+    assert len(parts) == (3 if part_bytes == 1 << 20 else 1)
+    assert [r[1] for r in rows_of(fs, parts, 4096)] == texts
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
