@@ -4,9 +4,9 @@
 - request counters (``infergate.observe.counters``) that the control plane's canary analysis reads.
 
 Drift gauges are published at most once per ``publish_interval_s``; the counters are
-read by the replica's sync loop. A request only joins a list (:meth:`Monitors.record`);
-the counters and drift windows take the list in when they are read (a publish, the
-counters' report) or once it holds ``PENDING_MAX`` requests: one drift window update and
+read by the replica's sync loop. A request only joins a backlog (:meth:`Monitors.record`,
+``infergate.observe.backlog``); the counters and drift windows take it in when they are
+read (a publish, the counters' report) or once it is full: one drift window update and
 one latency count per version for all of them, rather than a dozen small numpy calls per
 request. What they read is what they would have read had each request been added at
 once: the same counts, the same texts with the same times in each window.
@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from infergate import tasks
+from infergate.observe.backlog import Backlog
 from infergate.observe.counters import VersionCounters
 from infergate.observe.drift import DriftWindow
 from infergate.observe.telemetry import Telemetry
@@ -28,9 +29,6 @@ from infergate.serving.runtime import ModelRuntime, Prediction
 from infergate.tasks import Figures
 
 log = logging.getLogger(__name__)
-# Requests, and their texts, held before they are added up (bounds what they keep).
-PENDING_MAX = 512
-PENDING_TEXTS_MAX = 2048
 Pending = tuple[ModelRuntime, int, float, Prediction | None, float]
 
 
@@ -47,8 +45,7 @@ class Monitors:
         self.clock = clock
         self._windows: dict[tuple[str, str], DriftWindow] = {}
         self._counters: dict[str, VersionCounters] = {}
-        self._pending: list[Pending] = []
-        self._pending_texts = 0
+        self._backlog: Backlog[Pending] = Backlog(self._take_in)
         self._published_at = float("-inf")
         self._published: dict[tuple[str, str], set[tuple[str, str]]] = {}
 
@@ -61,11 +58,8 @@ class Monitors:
     ) -> None:
         """One request answered (or failed) by ``runtime``'s version, at ``clock()``."""
         now = self.clock()
-        self._pending.append((runtime, status, seconds, prediction, now))
-        if prediction is not None:
-            self._pending_texts += len(prediction.batch.lengths)
-        if len(self._pending) >= PENDING_MAX or self._pending_texts >= PENDING_TEXTS_MAX:
-            self._add_pending()
+        texts = 0 if prediction is None else len(prediction.batch.lengths)
+        self._backlog.add((runtime, status, seconds, prediction, now), texts)
         if now - self._published_at >= self.publish_interval_s:
             self._published_at = now
             self.publish()
@@ -73,21 +67,17 @@ class Monitors:
     @property
     def counters(self) -> dict[str, VersionCounters]:
         """Each version's counters (``"model/version"``), every request so far counted."""
-        self._add_pending()
+        self._backlog.take_in()
         return self._counters
 
     @property
     def windows(self) -> dict[tuple[str, str], DriftWindow]:
         """Each version's drift window, every request so far added."""
-        self._add_pending()
+        self._backlog.take_in()
         return self._windows
 
-    def _add_pending(self) -> None:
+    def _take_in(self, pending: list[Pending]) -> None:
         """The waiting requests into their versions' counters and drift windows."""
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        self._pending_texts = 0
         by_version: dict[tuple[str, str], list[Pending]] = {}
         for entry in pending:
             served = entry[0].served
@@ -167,7 +157,7 @@ class Monitors:
         return counters
 
     def publish(self) -> None:
-        self._add_pending()
+        self._backlog.take_in()
         for key, counters in self._counters.items():
             shadow = counters.shadow
             if shadow.requests or shadow.dropped:  # a canary in shadow, now or before

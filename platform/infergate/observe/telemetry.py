@@ -6,8 +6,8 @@ API (exported by each node's Ray metrics agent), ``NullTelemetry`` records nothi
 A replica adds every observation to in-process totals (``Totals``) and its owner hands
 Ray the totals about once a second (``flush``), as gauges named like Prometheus counters
 and histogram series (``_bucket{le=...}``, ``_sum``, ``_count``). A request only joins a
-list (``RayTelemetry.request``); the totals take the list in at the next read (a flush),
-or once it holds ``PENDING_MAX`` requests, a histogram's values in one numpy pass instead
+backlog (``RayTelemetry.request``, ``infergate.observe.backlog``); the totals take it in
+at the next read (a flush), or once it is full, a histogram's values in one numpy pass instead
 of a Python call per value: about a quarter of the replica's own request path, measured
 side by side (``infergate.bench.request_cpu``), was the totals and the statistics taken
 per request. Totals read are the same as added per request: every value counted, and
@@ -33,6 +33,7 @@ import numpy as np
 
 from infergate import tasks
 from infergate.observe import metrics as m
+from infergate.observe.backlog import Backlog
 from infergate.observe.counters import ShadowCounters
 from infergate.serving.runtime import Prediction
 from infergate.tasks import Figures
@@ -80,10 +81,8 @@ class NullTelemetry:
 
 
 Labels = tuple[str, ...]
-# Requests, and their texts, a replica holds before adding them to its totals: bounds the
-# memory their predictions keep (1,024-dimensional embeddings: 8 MB) between flushes.
-PENDING_MAX = 512
-PENDING_TEXTS_MAX = 2048
+# A request waiting to be added up: model, version, status, its prediction, its seconds.
+Pending = tuple[str, str, int, Prediction | None, float]
 
 
 class Totals:
@@ -209,8 +208,7 @@ class RayTelemetry:
         from ray.util import metrics as ray_metrics
 
         self._totals = Totals()
-        self._pending: list[tuple[str, str, int, Prediction | None, float]] = []
-        self._pending_texts = 0
+        self._backlog: Backlog[Pending] = Backlog(self._take_in)
         self._gauges = {
             name: ray_metrics.Gauge(name, description=description, tag_keys=labels)
             for name, description, labels in series_definitions()
@@ -219,24 +217,18 @@ class RayTelemetry:
     @property
     def totals(self) -> Totals:
         """Every request's figures so far, the ones waiting included."""
-        if self._pending:
-            self._add_pending()
+        self._backlog.take_in()
         return self._totals
 
     def request(
         self, model: str, version: str, status: int, prediction: Prediction | None, total_s: float
     ) -> None:
-        self._pending.append((model, version, status, prediction, total_s))
-        if prediction is not None:
-            self._pending_texts += len(prediction.batch.lengths)
-        if len(self._pending) >= PENDING_MAX or self._pending_texts >= PENDING_TEXTS_MAX:
-            self._add_pending()
+        texts = 0 if prediction is None else len(prediction.batch.lengths)
+        self._backlog.add((model, version, status, prediction, total_s), texts)
 
-    def _add_pending(self) -> None:
+    def _take_in(self, pending: list[Pending]) -> None:
         """The waiting requests into the totals: statuses counted, and the answered
         ones' figures per version and task, each histogram's values in one pass."""
-        pending, self._pending = self._pending, []
-        self._pending_texts = 0
         totals = self._totals
         answered: dict[tuple[str, str, tasks.Task], list[tuple[Prediction, float]]] = {}
         for model, version, status, prediction, total_s in pending:

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from fakes import FakeClock, Recorder
-from infergate.observe.monitor import PENDING_MAX, Monitors
+from infergate.observe.backlog import MAX_REQUESTS
+from infergate.observe.monitor import Monitors
 from infergate.observe.reference import reference_stats
 from infergate.serving.runtime import Prediction, Timings
 from infergate.serving.tokenization import Batch
@@ -78,7 +79,7 @@ def test_requests_read_later_count_and_drift_as_if_added_one_by_one():
         later.record(rt, status, seconds, None if status == 503 else request)
         each.record(rt, status, seconds, None if status == 503 else request)
         assert each.counters["m/1"].requests == i + 1  # read: nothing waits
-    assert later._pending  # the first request's publish took only the first in
+    assert len(later._backlog)  # the first request's publish took only the first in
     later_clock.now = each_clock.now = 80.0
     assert later.counters["m/1"].to_dict() == each.counters["m/1"].to_dict()
     texts = sum(1 + i % 3 for i in range(80) if i % 10)
@@ -93,8 +94,8 @@ def test_requests_read_later_count_and_drift_as_if_added_one_by_one():
 def test_waiting_requests_are_bounded():
     monitors = Monitors(Recorder(), clock=FakeClock(0.0), publish_interval_s=1e9)
     rt = runtime({})
-    for _ in range(3 * PENDING_MAX):
+    for _ in range(3 * MAX_REQUESTS):
         monitors.record(rt, 200, 0.004, prediction(1, 0.9))
-    assert len(monitors._pending) < PENDING_MAX
-    assert monitors._counters["m/1"].requests > 2 * PENDING_MAX
-    assert monitors.counters["m/1"].requests == 3 * PENDING_MAX
+    assert len(monitors._backlog) < MAX_REQUESTS
+    assert monitors._counters["m/1"].requests > 2 * MAX_REQUESTS
+    assert monitors.counters["m/1"].requests == 3 * MAX_REQUESTS

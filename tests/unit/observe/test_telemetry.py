@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from infergate.observe import metrics as m
+from infergate.observe.backlog import MAX_REQUESTS
 from infergate.observe.counters import ShadowCounters
-from infergate.observe.telemetry import PENDING_MAX, RayTelemetry, Totals, series_definitions
+from infergate.observe.telemetry import RayTelemetry, Totals, series_definitions
 from infergate.serving.runtime import Prediction, Timings
 from infergate.serving.tokenization import Batch
 from infergate.tasks import Figures
@@ -184,9 +185,9 @@ def test_requests_wait_until_the_totals_are_read_or_too_many_wait():
         telemetry.request("s", "1", 200 if i % 5 else 503, requests[i % 2], 0.001 * i)
         each.request("s", "1", 200 if i % 5 else 503, requests[i % 2], 0.001 * i)
         each.flush()  # a read: nothing waits after it
-    assert len(telemetry._pending) == 40
+    assert len(telemetry._backlog) == 40
     assert by_name(telemetry.totals) == by_name(each.totals)
-    assert not telemetry._pending
-    for _ in range(PENDING_MAX):
+    assert not len(telemetry._backlog)
+    for _ in range(MAX_REQUESTS):
         telemetry.request("s", "1", 200, requests[0], 0.001)
-    assert not telemetry._pending
+    assert not len(telemetry._backlog)
