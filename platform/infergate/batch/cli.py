@@ -72,7 +72,7 @@ def add_command(
         parents=parents,
         help="run a registered version over a data set (Parquet, JSON Lines, CSV) on Ray Data",
         description="Answer every row of INPUT with a registered version, as predict would, "
-        "and write OUTPUT as one file per part of the input. A rerun skips the parts "
+        "and write OUTPUT as one file per part of the input with rows. A rerun skips the parts "
         "already written. With RAY_ADDRESS set it runs on that Ray cluster.",
     )
     batch.add_argument("model", help="registered model name")
