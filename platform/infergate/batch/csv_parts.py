@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
 
 # A quoted CSV field may hold a line break: pyarrow reads a file in blocks cut at line
 # ends, and without this a break inside a field near a block's end loses its sync.
@@ -46,6 +47,9 @@ BOM = b"\xef\xbb\xbf"
 FIELD_EDGE = np.zeros(256, dtype=bool)
 FIELD_EDGE[list(b',\r\n"')] = True
 
+# The endings pyarrow's input streams decompress by (gzip, bz2, LZ4, Zstandard, Brotli): a
+# compressed file is one part, read whole as a stream, since no byte of it can be cut to.
+COMPRESSED = (".gz", ".bz2", ".lz4", ".zst", ".br")
 Reader = Callable[[int, int], bytes]  # (offset, length) -> the file's bytes there
 Chunk = dict[str, list[Any]]  # column name -> values
 
@@ -65,6 +69,7 @@ def record_cuts(read: Reader, size: int, part_bytes: int) -> tuple[list[int], in
     tail = b""  # the previous block's last two bytes, for what spans two blocks
     grammar = _QuoteGrammar()
     position = 0
+    content_start = 0  # where the file's content starts (after a BOM), for blank lines
     content_end = 0  # the end of the file's last byte that is not a line end
     while position < size:
         # The first block holds any BOM whole (pyarrow skips it, so the grammar does).
@@ -77,7 +82,9 @@ def record_cuts(read: Reader, size: int, part_bytes: int) -> tuple[list[int], in
         data = tail + block
         base = position - len(tail)  # the file's offset of data[0]
         end = position + len(block)
-        scan = _Scan(data, len(tail), quotes)
+        if position == 0 and block.startswith(BOM):
+            content_start = len(BOM)
+        scan = _Scan(data, len(tail), quotes, max(0, content_start - base))
         while seek < end:
             at = scan.record_end(max(seek, position) - base)
             if at < 0:
@@ -132,8 +139,9 @@ class _Scan:
     """One block's line ends, looked at in order, with the parity of the quotes before
     each; ``quotes`` were counted before ``data[counted_from]``."""
 
-    def __init__(self, data: bytes, counted_from: int, quotes: int) -> None:
+    def __init__(self, data: bytes, counted_from: int, quotes: int, starts_at: int = 0) -> None:
         self.data, self.checked, self.parity = data, counted_from, quotes % 2
+        self.starts_at = starts_at  # where the file's content starts in ``data`` (after a BOM)
 
     def record_end(self, at: int) -> int:
         """The index of the first line end at or after ``at`` (never before one asked for
@@ -143,18 +151,19 @@ class _Scan:
         while newline >= 0:
             self.parity = (self.parity + data.count(QUOTE, self.checked, newline)) % 2
             self.checked = newline + 1  # a line end is no quote
-            if self.parity == 0 and not _empty_line(data, newline):
+            if self.parity == 0 and not _empty_line(data, newline, self.starts_at):
                 return newline
             newline = data.find(NEWLINE, newline + 1)
         return -1
 
 
-def _empty_line(data: bytes, newline: int) -> bool:
-    """Whether the line ending at ``data[newline]`` holds nothing (pyarrow skips it)."""
+def _empty_line(data: bytes, newline: int, starts_at: int = 0) -> bool:
+    """Whether the line ending at ``data[newline]`` holds nothing (pyarrow skips it);
+    ``data`` holds content from ``starts_at`` on."""
     before = newline - 1
-    if before >= 0 and data[before : before + 1] == CR:
+    if before >= starts_at and data[before : before + 1] == CR:
         before -= 1
-    return before < 0 or data[before : before + 1] in (NEWLINE, CR)
+    return before < starts_at or data[before : before + 1] in (NEWLINE, CR)
 
 
 def header_names(header: bytes) -> list[str]:
@@ -209,11 +218,17 @@ def read_csv_range(read: Reader, start: int, stop: int, columns: list[str] | Non
         return
     if start == 0 and columns is None:
         columns = names_at(read, stop)
-    names = pacsv.ReadOptions() if start == 0 else pacsv.ReadOptions(column_names=columns)
+    yield from read_csv_stream(RangeStream(read, start, stop), columns or [], rows,
+                               header=start == 0)  # fmt: skip
+
+
+def read_csv_stream(stream: Any, columns: list[str], rows: int, *, header: bool) -> Iterator[Chunk]:
+    """The rows of a CSV stream in chunks of up to ``rows``, every one of ``columns`` as
+    text; the stream starts with the header row, or (``header`` false) with records."""
+    names = pacsv.ReadOptions() if header else pacsv.ReadOptions(column_names=columns)
     # Every column as text, as the file has it: "007" stays "007", "" stays "".
-    types = dict.fromkeys(columns or [], pa.string())
+    types = dict.fromkeys(columns, pa.string())
     convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=False)
-    stream = RangeStream(read, start, stop)
     # Closed when done or dropped, so pyarrow's read-ahead stops with the generator.
     with pacsv.open_csv(stream, read_options=names, parse_options=CSV_PARSING,
                         convert_options=convert) as reader:  # fmt: skip
@@ -234,3 +249,47 @@ def csv_ranges(read: Reader, size: int, part_bytes: int) -> list[tuple[int, int,
     columns = header_names(read(0, header_end))
     bounds = [0, *cuts, size]
     return [(start, stop, columns) for start, stop in itertools.pairwise(bounds)]
+
+
+# -- a file on a pyarrow filesystem ----------------------------------------------------------
+
+
+def compressed(path: str) -> bool:
+    """Whether pyarrow's input streams decompress ``path`` by its name."""
+    return path.lower().endswith(COMPRESSED)
+
+
+def csv_columns(fs: pafs.FileSystem, path: str) -> list[str]:
+    """The column names of the CSV file at ``path``."""
+    if compressed(path):
+        with fs.open_input_stream(path) as f:
+            return list(pacsv.open_csv(f, parse_options=CSV_PARSING).schema.names)
+    with fs.open_input_file(path) as f:
+        return names_at(_reader(f), f.size())
+
+
+def csv_file_ranges(
+    fs: pafs.FileSystem, path: str, part_bytes: int
+) -> list[tuple[int, int, list[str]]]:
+    """:func:`csv_ranges` of the file at ``path``; a compressed one is one range, with
+    its column names (every column is read as text)."""
+    if compressed(path):
+        return [(0, fs.get_file_info(path).size or 0, csv_columns(fs, path))]
+    with fs.open_input_file(path) as f:
+        return csv_ranges(_reader(f), f.size(), part_bytes)
+
+
+def read_csv_part(fs: pafs.FileSystem, path: str, start: int, stop: int, columns: list[str],
+                  rows: int) -> Iterator[Chunk]:  # fmt: skip
+    """A part's rows (a range of :func:`csv_file_ranges`) in chunks of up to ``rows``."""
+    if compressed(path):
+        with fs.open_input_stream(path) as f:  # decompressed by its name
+            yield from read_csv_stream(f, columns, rows, header=True)
+    else:
+        with fs.open_input_file(path) as f:
+            yield from read_csv_range(_reader(f), start, stop, columns or None, rows)
+
+
+def _reader(f: Any) -> Reader:
+    """``(offset, length) -> bytes`` of an open pyarrow file."""
+    return lambda at, length: f.read_at(length, at)

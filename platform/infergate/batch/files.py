@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from infergate.batch.csv_parts import Chunk, Reader, csv_ranges, names_at, read_csv_range
+from infergate.batch.csv_parts import Chunk, csv_columns, csv_file_ranges, read_csv_part
 from infergate.batch.options import FORMATS
 from infergate.errors import BatchError
 
@@ -105,8 +105,7 @@ def columns_of(fs: pafs.FileSystem, path: str, fmt: str) -> list[str]:
             with fs.open_input_file(path) as f:
                 return list(pq.ParquetFile(f).schema_arrow.names)
         if fmt == "csv":
-            with fs.open_input_file(path) as f:
-                return names_at(_reader(f), f.size())
+            return csv_columns(fs, path)
         with fs.open_input_file(path) as f:
             head = f.read(SCHEMA_SAMPLE_BYTES)
         lines = head.splitlines()
@@ -149,17 +148,15 @@ def plan(fs: pafs.FileSystem, files: list[str], fmt: str, part_rows: int,
                 parts.append(Part(len(parts), path, fmt, start=start, stop=stop,
                                   weight=stop - start))  # fmt: skip
         else:
-            with fs.open_input_file(path) as f:
-                ranges = csv_ranges(_reader(f), f.size(), part_bytes)
+            try:
+                ranges = csv_file_ranges(fs, path, part_bytes)
+            except (pa.ArrowException, OSError) as exc:
+                detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise BatchError(f"{path} is not a readable csv file: {detail}") from None
             for start, stop, columns in ranges:
                 parts.append(Part(len(parts), path, fmt, start=start, stop=stop,
                                   weight=stop - start, columns=tuple(columns)))  # fmt: skip
     return parts
-
-
-def _reader(f: Any) -> Reader:
-    """``(offset, length) -> bytes`` of an open pyarrow file."""
-    return lambda at, length: f.read_at(length, at)
 
 
 def written_parts(fs: pafs.FileSystem, output: str) -> set[str]:
@@ -189,9 +186,7 @@ def read_part(fs: pafs.FileSystem, part: Part, rows: int) -> Iterator[Chunk]:
             for batch in batches:
                 yield batch.to_pydict()
     elif part.format == "csv":
-        with fs.open_input_file(part.path) as f:
-            columns = list(part.columns) or None
-            yield from read_csv_range(_reader(f), part.start, part.stop, columns, rows)
+        yield from read_csv_part(fs, part.path, part.start, part.stop, list(part.columns), rows)
     else:
         yield from _json_lines(fs, part, rows)
 

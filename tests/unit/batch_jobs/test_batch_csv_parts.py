@@ -14,7 +14,7 @@ import pytest
 
 from infergate.batch import csv_parts
 from infergate.batch.csv_parts import CSV_PARSING, csv_ranges, read_csv_range, record_cuts
-from infergate.batch.files import Part, filesystem, plan, read_part
+from infergate.batch.files import Part, columns_of, filesystem, plan, read_part
 
 CASES = {
     "bom and CRLF": b'\xef\xbb\xbfid,text\r\n1,"a\r\nb"\r\n2,plain\r\n3,"c"\r\n',
@@ -23,6 +23,7 @@ CASES = {
         b'id,text\n1,"say ""hi""\nthen go"\n2,"x,\n\n""y"""\n3,""\n4,"end\n"\n'
     ),
     "blank lines": b'\n\nid,text\n1,x\n\n\n2,"y\n\nz"\n\n\n',
+    "a bom, then blank lines": b"\xef\xbb\xbf\n\r\nid,text\n1,x\n2,y\n",
     "a header with a line break": b'"i\nd",text\n1,x\n2,y\n',
     "a bom before a quoted header": b'\xef\xbb\xbf"id","text"\n"1","x"\n"2","y"\n',
     "header only": b"id,text\n",
@@ -94,6 +95,23 @@ def test_parts_are_cut_at_record_ends_at_least_part_bytes_apart(tmp_path):
         [("2", "c"), ("3", "d"), ("4", "e")],
         [("5", "f")],
     ]
+
+
+@pytest.mark.parametrize("ending", [".gz", ".bz2", ".zst"])
+def test_a_compressed_file_is_one_part_read_whole_as_text(tmp_path, ending):
+    data = CASES["quoted line breaks and doubled quotes"] + b'5,007\n6,"1.5"\n'
+    path = tmp_path / f"in.csv{ending}"
+    with pa.CompressedOutputStream(str(path), pa.Codec.detect(str(path)).name) as out:
+        out.write(data)
+    fs, name = filesystem(str(path))
+    parts = plan(fs, [name], "csv", 0, 8)  # compressed bytes cannot be cut: one part
+    assert [(p.start, p.stop, p.columns) for p in parts] == [
+        (0, path.stat().st_size, ("id", "text"))
+    ]
+    assert columns_of(fs, name, "csv") == ["id", "text"]
+    [rows] = rows_of(fs, parts)
+    assert rows == whole_file_rows(data)  # "007" and "1.5" stay text
+    assert ("5", "007") in rows
 
 
 def test_a_file_no_larger_than_a_part_is_one_part(tmp_path):
