@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from _pytest.terminal import TerminalReporter
 
 import machine
 
@@ -39,7 +38,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own --durations list
-def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _seconds_by_module:
         return
     by_folder: dict[str, float] = defaultdict(float)

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import tokenizers
 import torch
 import transformers
 from tqdm import tqdm
@@ -86,13 +87,13 @@ def build_sentiment_model(
 def _inputs_key(encoder_dir: Path, data_file: Path, seed: int) -> str:
     """A digest of everything training reads: the encoder's files, the data, the seed,
     this module's code and the versions of the libraries that run it."""
-    digest = hashlib.sha256(f"{seed} {torch.__version__} {transformers.__version__}".encode())
-    for path in [
-        Path(__file__),
-        data_file,
-        *sorted(p for p in encoder_dir.rglob("*") if p.is_file()),
-    ]:
-        digest.update(path.name.encode())
+    versions = (torch.__version__, transformers.__version__, tokenizers.__version__)
+    digest = hashlib.sha256(f"{seed} {versions}".encode())
+    named = [("code", Path(__file__)), ("data", data_file)] + [
+        (str(p.relative_to(encoder_dir)), p) for p in sorted(encoder_dir.rglob("*")) if p.is_file()
+    ]
+    for name, path in named:  # each file's name and size before its bytes: no two inputs alike
+        digest.update(f"{name}\0{path.stat().st_size}\0".encode())
         with path.open("rb") as handle:
             while block := handle.read(1 << 20):
                 digest.update(block)

@@ -203,7 +203,7 @@ class TritonPythonModel:
         return self.engine.rows(ids.as_numpy(), mask.as_numpy(), decoding.as_numpy())
 
     def finalize(self) -> None:
-        del self.engine  # the translator's memory goes with its last reference
+        vars(self).pop("engine", None)  # the translator's memory goes with its last reference
 
 
 def _error_response(message: str) -> Any:
