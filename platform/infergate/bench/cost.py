@@ -120,11 +120,11 @@ def cost_section(results: dict[str, Any]) -> list[str]:
     shown = [p for p in parts if any(p in r["ms_per_request"] for r in rows)]
     out = ["", "## What a request costs (c=32 cells, CPU from /proc)", ""]
     out += table(
-        ["scenario", "cell", *(f"{p} ms/req" for p in shown), "total ms/req",
+        ["scenario", "cell", "req/s", *(f"{p} ms/req" for p in shown), "total ms/req",
          "replica us/seq", "front-end us/seq", "replica cores/GPU", "front-end cores/GPU"],
         (
             [
-                r["scenario"], r["cell"],
+                r["scenario"], r["cell"], num(r["requests_per_s"], 1),
                 *(num(r["ms_per_request"].get(p), 3) for p in shown),
                 num(r["total_ms_per_request"], 3),
                 num(r["us_per_sequence"].get("replica"), 1),
@@ -145,6 +145,10 @@ def cost_section(results: dict[str, Any]) -> list[str]:
         "sequences/s (`--gpu-sequences-per-s`; default an H200 running the model in fp16 at "
         "16 tokens): the replica alone, and with the ingress (front-end). The lean scenario's "
         "replica figure also carries the idle platform replica beside it; the in-process "
-        "scenario's replica runs the model too.",
+        "scenario's replica runs the model too. A figure holds at its cell's rate only: "
+        "the same replica code spends more CPU per request at fewer requests a second (its "
+        "idle CPU over fewer requests, fewer requests per Triton call and per wake-up; "
+        "with 16 texts 143-170 us per sequence at 40 req/s against 56-66 flat out, "
+        "docs/benchmarks.md).",
     ]
     return out

@@ -410,8 +410,10 @@ def test_markdown_report_shows_every_table_and_every_miss():
     assert "`INFERGATE_X=1`" in text
     # What a request costs: 50 % of a core in the replica at 500 req/s is 1 ms a request,
     # 253 cores at the default GPU's 253,000 sequences a second.
-    assert "| scenario | cell | replica ms/req | triton ms/req | total ms/req |" in text
-    row = "| infergate | c32-t1-n16 | 1.000 | 2.000 | 3.000 | 1,000.0 | 1,000.0 | 253 | 253 |"
+    assert "| scenario | cell | req/s | replica ms/req | triton ms/req | total ms/req |" in text
+    row = (
+        "| infergate | c32-t1-n16 | 500.0 | 1.000 | 2.000 | 3.000 | 1,000.0 | 1,000.0 | 253 | 253 |"
+    )
     assert row in text
     assert "times 253,000 sequences/s" in text
 
