@@ -109,7 +109,9 @@ class Tracebacks(logging.Handler):
     """Log records that carry an exception: what an operator would see as a traceback.
     Only the test's thread's, where the admin API runs and logs: a thread another test
     left behind (a payload log writing its last file into a removed folder) may log a
-    traceback of its own at any time, and failed this test now and then in busy runs."""
+    traceback of its own at any time, and failed this test now and then in busy runs. Nor
+    asyncio's "exception was never retrieved", which it logs in whatever thread collects
+    another test's finished task (each request here runs to its end on this loop)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -117,7 +119,7 @@ class Tracebacks(logging.Handler):
         self.thread = threading.get_ident()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.exc_info and record.thread == self.thread:
+        if record.exc_info and record.thread == self.thread and record.name != "asyncio":
             self.records.append(record)
 
 
