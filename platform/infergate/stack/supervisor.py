@@ -2,9 +2,10 @@
 
 MLflow server (SQLite + local artifact store), Triton (explicit model control), Ray Serve
 (HAProxy ingress, front-end replicas), Prometheus when installed, and the control plane
-(``infergate.control.service``) in this process. The supervisor starts them in order,
-waits for each to be ready, starts again a component that exits (and gives up on one that
-keeps exiting), and stops them all on Ctrl-C or ``infergate down``.
+(``infergate.control.service``) in this process. The supervisor starts MLflow, Triton and
+Prometheus while Ray starts, waits for each to be ready, starts again a component that
+exits (and gives up on one that keeps exiting), and stops them all on Ctrl-C or
+``infergate down``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,17 +75,23 @@ class Stack:
     # -- start -------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start every component. MLflow, Triton and Prometheus come up while Ray starts
+        (each takes seconds; one after the other they were most of `up`'s time); the
+        control plane starts once they all answer."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._check_ports()
+        coming_up: list[Callable[[], None]] = []
         if self.config.mlflow.tracking_uri is None:
-            self._start_mlflow()
+            coming_up.append(self._spawn_mlflow())
         if self.config.triton.external_host is None:
-            self._start_triton()
-        else:
-            self._wait_for_external_triton()
+            coming_up.append(self._spawn_triton())
+        coming_up.append(self._spawn_prometheus())
         self._start_serve()
+        for wait in coming_up:
+            wait()
+        if self.config.triton.external_host is not None:
+            self._wait_for_external_triton()
         self._start_control_plane()
-        self._start_prometheus()
 
     def _check_ports(self) -> None:
         c = self.config
@@ -132,13 +140,27 @@ class Stack:
             ports["Prometheus"] = ("127.0.0.1", c.prometheus.port, "INFERGATE_PROMETHEUS__PORT")
         check_ports(ports)
 
+    # Each `_spawn_X` starts X's process and returns what waits until it answers; `_start_X`
+    # does both (a restart).
+
     def _start_mlflow(self) -> None:
+        self._spawn_mlflow()()
+
+    def _start_triton(self) -> None:
+        self._spawn_triton()()
+
+    def _start_prometheus(self) -> None:
+        self._spawn_prometheus()()
+
+    def _spawn_mlflow(self) -> Callable[[], None]:
         m = self.config.mlflow
         env = mlflow_server.server_environment(m, os.environ)
         child = self._spawn("mlflow", mlflow_server.server_command(m), env)
-        wait_until(child, lambda: http_ok(f"{m.uri}/health"), m.startup_timeout_s, "MLflow")
+        return lambda: wait_until(
+            child, lambda: http_ok(f"{m.uri}/health"), m.startup_timeout_s, "MLflow"
+        )
 
-    def _start_triton(self) -> None:
+    def _spawn_triton(self) -> Callable[[], None]:
         t = self.config.triton
         install = find_tritonserver()
         repository = triton_repository(self.config)
@@ -149,11 +171,15 @@ class Stack:
         backends = prepare_backends(self.state_dir)
         command = server_command(t, repository, backends, install=install)
         child = self._spawn("triton", command, server_environment(os.environ, install=install))
-        control = TritonControl(t.grpc_url)
-        try:
-            wait_until(child, control.server_ready, t.startup_timeout_s, "Triton")
-        finally:
-            control.close()
+
+        def wait() -> None:
+            control = TritonControl(t.grpc_url)
+            try:
+                wait_until(child, control.server_ready, t.startup_timeout_s, "Triton")
+            finally:
+                control.close()
+
+        return wait
 
     def _wait_for_external_triton(self) -> None:
         """A Triton the stack does not start: wait until every address answers."""
@@ -182,11 +208,11 @@ class Stack:
         p = self.config.prometheus
         return shutil.which(p.binary) if p.enabled else None
 
-    def _start_prometheus(self) -> None:
+    def _spawn_prometheus(self) -> Callable[[], None]:
         binary = self._prometheus_binary()
         if binary is None:
             log.warning("Prometheus is not installed; the platform runs without it")
-            return
+            return lambda: None
         p, c = self.config.prometheus, self.config
         config_file = self.state_dir / "prometheus.yml"
         config_file.write_text(render_prometheus_config(c))
@@ -200,7 +226,7 @@ class Stack:
         ]
         child = self._spawn("prometheus", command, dict(os.environ))
         ready = f"http://127.0.0.1:{p.port}/-/ready"
-        wait_until(child, lambda: http_ok(ready), 30, "Prometheus")
+        return lambda: wait_until(child, lambda: http_ok(ready), 30, "Prometheus")
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> Child:
         child = spawn(name, command, self.log_dir, env)
