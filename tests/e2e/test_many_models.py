@@ -12,7 +12,7 @@ p99 are printed (docs/many-models.md has a run's figures).
 CI runs 10 models (the ``10-models`` form). The long form, ``MANY_MODELS=100`` (any
 count), runs the same tests on that many models; it takes too long for CI, so it is
 skipped unless asked for (the skip says why). ``MANY_MODELS_ROUNDS`` sets the rounds of
-requests over them (3 for 10 models, 1 for the long form). The variables have no
+requests over them (2 for 10 models, 1 for the long form). The variables have no
 ``INFERGATE_`` prefix: `infergate up` refuses a variable of that prefix that is not a
 setting.
 """
@@ -90,7 +90,7 @@ def size_of(name: str) -> str:
 
 
 def rounds(count: int) -> int:
-    default = "1" if count > 10 else "3"
+    default = "1" if count > 10 else "2"
     return int(os.environ.get("MANY_MODELS_ROUNDS", default))
 
 
