@@ -303,10 +303,12 @@ class PartWriter:
 
     def _write_parquet(self, table: pa.Table) -> None:
         if self._parquet is None:
-            # A chunk whose column is all null says nothing of its type: wait for one
-            # that does (or the part's end) before fixing the file's schema.
+            # A chunk whose column is all null (or all empty lists) says nothing of its
+            # type: wait for one that does, the part's end or a row group's worth of rows
+            # (memory stays bounded) before fixing the file's schema.
             self._pending.append(table)
-            if any(pa.types.is_null(t) for t in table.schema.types):
+            waited = sum(t.num_rows for t in self._pending)
+            if not all(settled(t) for t in table.schema.types) and waited < ROW_GROUP_ROWS:
                 return
             self._open_parquet()
             return
@@ -351,6 +353,14 @@ class PartWriter:
             self._fs.delete_file(self._temporary)
         except OSError:
             pass
+
+
+def settled(kind: pa.DataType) -> bool:
+    """Whether ``kind`` says what its values are: no null type in it, at any depth (a
+    list of no entities is ``list<null>``)."""
+    if pa.types.is_null(kind):
+        return False
+    return all(settled(kind.field(i).type) for i in range(kind.num_fields))
 
 
 def _length(chunk: Chunk) -> int:

@@ -7,7 +7,7 @@ others are answered; nothing about one row stops the job.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,18 +94,17 @@ def answer_columns(task: Task, outputs: Sequence[Any]) -> dict[str, list[Any]]:
 
 def result_columns(
     task: Task, rows: int, checked: Checked, outputs: Sequence[Any], version: str,
-    failure: str | None = None,
+    failure: str | None = None, answer_keys: Iterable[str] = (),
 ) -> dict[str, list[Any]]:  # fmt: skip
-    """What a chunk of ``rows`` rows adds: the answers' columns (None where a row has none),
-    the version, and each row's error (``failure`` for every answered row when the model
-    failed on the chunk)."""
-    columns: dict[str, list[Any]] = {}
+    """What a chunk of ``rows`` rows adds: the answers' columns (None where a row has none;
+    every one of ``answer_keys`` even when no row has an answer), the version, and each
+    row's error (``failure`` for every answered row when the model failed on the chunk)."""
+    columns: dict[str, list[Any]] = {key: [None] * rows for key in answer_keys}
     if failure is None:
         for key, values in answer_columns(task, outputs).items():
-            column: list[Any] = [None] * rows
+            column = columns.setdefault(key, [None] * rows)
             for position, value in zip(checked.answered, values, strict=True):
                 column[position] = value
-            columns[key] = column
     errors: list[str | None] = [checked.errors.get(i) for i in range(rows)]
     if failure is not None:
         for position in checked.answered:

@@ -20,11 +20,20 @@ from typing import Any
 
 import pyarrow as pa
 
-from infergate.batch.files import BAD_LINE, Chunk, Part, PartWriter, filesystem, read_part
+from infergate.batch.files import (
+    BAD_LINE,
+    Chunk,
+    Part,
+    PartWriter,
+    filesystem,
+    read_part,
+    settled,
+)
 from infergate.batch.rows import (
     ERROR_COLUMN,
     VERSION_COLUMN,
     Checked,
+    answer_columns,
     check_rows,
     result_columns,
 )
@@ -34,6 +43,7 @@ from infergate.serving.tokenization import tokenize_serially
 from infergate.versions import ServedVersion
 
 log = logging.getLogger(__name__)
+PROBE_TEXT = "a short probe text"  # answered once per actor: the answer's columns
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,7 @@ class PartRunner:
         self.fs, self.output = filesystem(spec.output)
         self.node = node_address()
         self.actor = f"{self.node}/{os.getpid()}"
+        self.answer_types = self.probe()
         self.load_s = time.perf_counter() - began  # the version's files and the session
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
@@ -127,10 +138,26 @@ class PartRunner:
             figures["waited_s"].append(waited_s() - waited)
         return figures
 
+    def probe(self) -> dict[str, pa.DataType | None]:
+        """The columns an answer adds, in order, each with its Arrow type (None where the
+        probe's answer leaves it open: an empty list of entities). Every part's file gets
+        them all, so that a chunk or a part with no answer (every row refused) neither
+        fixes a CSV header or Parquet schema without them nor leaves them untyped."""
+        queries = None if self.spec.query_column is None else [PROBE_TEXT]
+        outputs, failure = self.predict(Checked([PROBE_TEXT], queries, [0], {}))
+        if failure is not None:
+            log.warning("the probe answer failed (%s); columns come from the answers", failure)
+            return {}
+        return {
+            key: known if settled(known := pa.array(values).type) else None
+            for key, values in answer_columns(self.task, outputs).items()
+        }
+
     def run_part(self, part: Part) -> tuple[int, int]:
         """Answer one part into its output file: ``(rows, rows with an error)``."""
         name = part.output_name(self.spec.output_format)
-        types = {VERSION_COLUMN: pa.string(), ERROR_COLUMN: pa.string()}
+        types = {k: t for k, t in self.answer_types.items() if t is not None}
+        types |= {VERSION_COLUMN: pa.string(), ERROR_COLUMN: pa.string()}
         writer = PartWriter(self.fs, self.output, name, self.spec.output_format, types)
 
         rows = errors = 0
@@ -160,7 +187,9 @@ class PartRunner:
             # As Triton's model does: the chunk failed, so each row alone, to find the rows
             # at fault and answer the others.
             return self._row_by_row(chunk, checked, n)
-        added = result_columns(self.task, n, checked, outputs, self.spec.served.version, failure)
+        added = result_columns(
+            self.task, n, checked, outputs, self.spec.served.version, failure, self.answer_types
+        )
         return {**chunk, **added}
 
     def _row_by_row(self, chunk: Chunk, checked: Checked, n: int) -> Chunk:
@@ -181,7 +210,9 @@ class PartRunner:
             else:
                 errors[one.answered[0]] = failure
         merged = Checked(texts, None, answered, errors)
-        added = result_columns(self.task, n, merged, outputs, self.spec.served.version)
+        added = result_columns(
+            self.task, n, merged, outputs, self.spec.served.version, answer_keys=self.answer_types
+        )
         return {**chunk, **added}
 
     def predict(self, checked: Checked) -> tuple[list[Any], str | None]:

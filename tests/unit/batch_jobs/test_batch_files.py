@@ -17,6 +17,7 @@ from infergate.batch.files import (
     input_files,
     plan,
     read_part,
+    settled,
     written_parts,
 )
 from infergate.errors import BatchError
@@ -181,3 +182,16 @@ def test_a_json_lines_column_first_seen_late_reaches_a_csv_or_parquet_part(tmp_p
         assert (header, last) == ("text,lang", "10,de")
     else:
         assert pq.read_table(written).column("lang").to_pylist() == [None] * 10 + ["de"]
+
+
+def test_chunks_of_empty_lists_wait_for_one_that_types_them(tmp_path):
+    # NER over texts with no entity: list<null> until a chunk has one.
+    fs, output = filesystem(str(tmp_path / "out"))
+    writer = PartWriter(fs, output, "part-00000.parquet", "parquet")
+    writer.write({"text": ["a", "b"], "entities": [[], []]})
+    writer.write({"text": ["c"], "entities": [[{"word": "Paris", "score": 0.9}]]})
+    writer.commit()
+    table = pq.read_table(tmp_path / "out" / "part-00000.parquet")
+    assert table.column("entities").to_pylist() == [[], [], [{"word": "Paris", "score": 0.9}]]
+    assert settled(table.schema.field("entities").type)
+    assert not settled(pa.list_(pa.null())) and settled(pa.list_(pa.string()))

@@ -7,10 +7,13 @@ import asyncio
 import json
 from types import SimpleNamespace
 
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import pytest
 
 from infergate.batch.files import Part, filesystem
-from infergate.batch.worker import PartRunner, WorkerSpec, node_address
+from infergate.batch.worker import PROBE_TEXT, PartRunner, WorkerSpec, node_address
 from infergate.errors import InvalidInput
 from infergate.protocols.wire import Limits
 from infergate.tasks import get
@@ -51,7 +54,7 @@ def runner(tmp_path, runtime, loops, **kw) -> PartRunner:
         batch_size=kw.get("batch_size", 4),
         input=str(tmp_path / "in.jsonl"),
         output=str(tmp_path / "out"),
-        output_format="jsonl",
+        output_format=kw.get("output_format", "jsonl"),
         limits=Limits(1 << 20, 64, 20),
     )
     worker = PartRunner.__new__(PartRunner)  # what __init__ loads from the registry, by hand
@@ -62,6 +65,7 @@ def runner(tmp_path, runtime, loops, **kw) -> PartRunner:
     worker.fs, worker.output = filesystem(spec.output)
     worker.node = node_address()
     worker.actor, worker.load_s = "local/1", 2.5
+    worker.answer_types = worker.probe()
     return worker
 
 
@@ -92,11 +96,12 @@ def test_a_part_with_bad_rows_and_a_failing_row_is_written_whole(tmp_path, loops
     assert "empty" in errors[1] and errors[2] == "the model cannot read 'boom'"
     assert "must be a string" in errors[3] and "the query is empty" in errors[4]
     assert "21 characters" in errors[5] and "not JSON" in errors[7]
-    # One call for each chunk of 4 rows, then the failing one row by row; the queries
-    # go with their texts.
-    assert runtime.calls[0] == (["good", "boom"], {"query": ["a", "a"]})
-    assert runtime.calls[1:3] == [(["good"], {"query": ["a"]}), (["boom"], {"query": ["a"]})]
-    assert runtime.calls[3] == (["last"], {"query": ["b"]})
+    # The probe for the answer's columns, then one call for each chunk of 4 rows, the
+    # failing one row by row; the queries go with their texts.
+    assert runtime.calls[0] == ([PROBE_TEXT], {"query": [PROBE_TEXT]})
+    assert runtime.calls[1] == (["good", "boom"], {"query": ["a", "a"]})
+    assert runtime.calls[2:4] == [(["good"], {"query": ["a"]}), (["boom"], {"query": ["a"]})]
+    assert runtime.calls[4] == (["last"], {"query": ["b"]})
 
 
 def test_an_unreadable_part_is_reported_not_raised(tmp_path, loops):
@@ -105,3 +110,34 @@ def test_an_unreadable_part_is_reported_not_raised(tmp_path, loops):
     figures = worker({"part": [missing.to_json()]})
     assert figures["part"] == [4] and "gone.jsonl" in figures["failure"][0]
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("part-*"))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_answers_after_a_chunk_of_refused_rows_are_kept(tmp_path, loops, fmt):
+    # The first chunk has no answer at all; the file's columns are fixed by then.
+    rows = [{"text": ""}, {"text": ""}, {"text": "good"}, {"text": "also good"}]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    worker = runner(tmp_path, RuntimeFailingOnBoom(), loops, batch_size=2, output_format=fmt)
+    part = Part(0, str(source), "jsonl", start=0, stop=source.stat().st_size)
+    assert worker({"part": [part.to_json()]})["errors"] == [2]
+    out = tmp_path / "out" / f"part-00000.{fmt}"
+    table = pq.read_table(out) if fmt == "parquet" else pacsv.read_csv(out)
+    assert table.column_names == ["text", "score", "version", "error"]
+    assert table.column("score").to_pylist() == [None, None, 4.0, 9.0]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_part_of_refused_rows_has_the_answer_columns_typed(tmp_path, loops, fmt):
+    # Every row refused: the part's file still has the answer's columns, of the type the
+    # other parts' answers have, so a reader of the whole folder takes it.
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": ""}) + "\n")
+    worker = runner(tmp_path, RuntimeFailingOnBoom(), loops, output_format=fmt)
+    part = Part(0, str(source), "jsonl", start=0, stop=source.stat().st_size)
+    assert worker({"part": [part.to_json()]})["errors"] == [1]
+    out = tmp_path / "out" / f"part-00000.{fmt}"
+    table = pq.read_table(out) if fmt == "parquet" else pacsv.read_csv(out)
+    assert table.column_names == ["text", "score", "version", "error"]
+    if fmt == "parquet":
+        assert table.schema.field("score").type == pa.float64()
