@@ -81,7 +81,7 @@ async def read_body(
     ``timeout_s`` bounds the whole read (408 past it); ``slow`` bounds the reads still
     going after its grace period."""
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")
     if timeout_s is None:
         return await _collect(request, limit)

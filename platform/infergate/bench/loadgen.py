@@ -151,7 +151,8 @@ def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     """Status code and lower-cased headers of a response head (status line + headers)."""
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+    status = parts[1] if len(parts) >= 2 else ""
+    if not (parts[0].startswith("HTTP/") and status.isascii() and status.isdigit()):
         raise ValueError(f"not an HTTP response: {lines[0][:80]!r}")
     headers = {}
     for line in lines[1:]:
