@@ -42,6 +42,12 @@ class Child:
             return ""
         return "\n".join(text[-lines:])
 
+    def terminate(self) -> None:
+        """SIGTERM the child's whole process group, without waiting (see ``stop``)."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the child's whole process group, SIGKILL what is left after the timeout."""
         if self.popen.poll() is not None:
@@ -49,8 +55,7 @@ class Child:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.popen.pid, signal.SIGKILL)
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGTERM)
+        self.terminate()
         try:
             self.popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -28,6 +28,7 @@ from infergate.serving.ingress import write_error_pages
 from infergate.stack import mlflow_server
 from infergate.stack.processes import (
     Child,
+    alive,
     check_ports,
     descendants,
     http_ok,
@@ -339,7 +340,9 @@ class Stack:
             finally:
                 ray.shutdown()
             self._serve_started = False
-        for child in reversed(self.children):
+        for child in self.children:  # all at once: each takes a second or two to exit
+            child.terminate()
+        for child in self.children:
             child.stop()
         self.children.clear()
         # What is left below us is Ray's: ray.shutdown() returns before its agents exit,
@@ -387,11 +390,11 @@ def stop_running(state_dir: Path, timeout_s: float = 60.0) -> bool:
         return False
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        # Exited is enough: a detached supervisor's parent is init, which may collect it
+        # seconds later (a zombie still takes signals).
+        if not alive(pid):
             return True
-        time.sleep(0.25)
+        time.sleep(0.1)
     raise StackError(f"the stack (pid {pid}) did not stop within {timeout_s:.0f} s")
 
 
