@@ -1,8 +1,11 @@
-"""The stack starts a component that exited again, and gives up on one that keeps exiting.
+"""The stack starts a component that exited again, and gives up on one that keeps exiting;
+`down` and `up` take a supervisor that exited, and that no one has collected, for gone.
 
 Killing the real Triton of a running stack is covered in tests/e2e/test_stack.py.
 """
 
+import json
+import subprocess
 import sys
 import time
 
@@ -11,8 +14,8 @@ import pytest
 from infergate.config import load_config
 from infergate.errors import StackError
 from infergate.stack import supervisor as stack_module
-from infergate.stack.processes import Child, live_pids, spawn, stat_fields
-from infergate.stack.supervisor import RESTART_LIMIT, Stack
+from infergate.stack.processes import Child, alive, live_pids, spawn, stat_fields
+from infergate.stack.supervisor import RESTART_LIMIT, Stack, read_state, stop_running
 
 
 def exited_child(tmp_path) -> Child:
@@ -66,3 +69,19 @@ def running_in_group(group: int) -> list[int]:
         if fields and fields[0] != "Z" and int(fields[2]) == group:
             found.append(pid)
     return found
+
+
+def test_a_supervisor_that_exited_uncollected_is_gone(tmp_path):
+    # A detached supervisor's parent is init, which may collect it seconds after it exits;
+    # meanwhile it is a zombie, which still takes signals (os.kill(pid, 0) succeeds).
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while alive(exited.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert stat_fields(exited.pid)[0] == "Z", "not a zombie: the test shows nothing"
+    state = tmp_path / "stack.json"
+    state.write_text(json.dumps({"pid": exited.pid}))
+    assert read_state(tmp_path) is None and not state.exists()
+    state.write_text(json.dumps({"pid": exited.pid}))
+    assert stop_running(tmp_path) is False
+    exited.wait()

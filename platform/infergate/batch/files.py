@@ -304,11 +304,10 @@ class PartWriter:
     def _write_parquet(self, table: pa.Table) -> None:
         if self._parquet is None:
             # A chunk whose column is all null (or all empty lists) says nothing of its
-            # type: wait for one that does, the part's end or a row group's worth of rows
-            # (memory stays bounded) before fixing the file's schema.
+            # type: wait for one that does (or the part's end: a part is bounded) before
+            # fixing the file's schema.
             self._pending.append(table)
-            waited = sum(t.num_rows for t in self._pending)
-            if not all(settled(t) for t in table.schema.types) and waited < ROW_GROUP_ROWS:
+            if not all(settled(t) for t in table.schema.types):
                 return
             self._open_parquet()
             return
@@ -349,6 +348,8 @@ class PartWriter:
 
     def abort(self) -> None:
         try:
+            if self._parquet is not None:
+                self._parquet.close()
             self._stream.close()
             self._fs.delete_file(self._temporary)
         except OSError:

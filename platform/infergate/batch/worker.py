@@ -14,6 +14,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,16 @@ class WorkerSpec:
     )
 
 
+def arrow_type(values: list[Any]) -> pa.DataType | None:
+    """The Arrow type of a column of ``values``; None where they leave it open (an empty
+    list of entities, mixed types)."""
+    try:
+        kind = pa.array(values).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+    return kind if settled(kind) else None
+
+
 def waited_s() -> float:
     """Seconds this thread has waited, ready to run, for a CPU (Linux's schedstat; 0.0
     where there is none): how much of a part's time other work on the machine took."""
@@ -106,7 +117,8 @@ class PartRunner:
         self.node = node_address()
         self.actor = f"{self.node}/{os.getpid()}"
         self.answer_types = self.probe()
-        self.load_s = time.perf_counter() - began  # the version's files and the session
+        # The version's files, the session and the probe's answer: all before any part.
+        self.load_s = time.perf_counter() - began
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         figures: dict[str, list[Any]] = {
@@ -141,16 +153,17 @@ class PartRunner:
     def probe(self) -> dict[str, pa.DataType | None]:
         """The columns an answer adds, in order, each with its Arrow type (None where the
         probe's answer leaves it open: an empty list of entities). Every part's file gets
-        them all, so that a chunk or a part with no answer (every row refused) neither
-        fixes a CSV header or Parquet schema without them nor leaves them untyped."""
+        them all, so that a chunk or a part with no answer (every row refused) does not fix
+        a CSV header or Parquet schema without them, and has them typed where the probe's
+        answer tells the type."""
         queries = None if self.spec.query_column is None else [PROBE_TEXT]
-        outputs, failure = self.predict(Checked([PROBE_TEXT], queries, [0], {}))
+        probe = Checked([PROBE_TEXT], queries, [0], {})
+        outputs, failure = self.predict(probe, self.task.probe_parameters)
         if failure is not None:
             log.warning("the probe answer failed (%s); columns come from the answers", failure)
             return {}
         return {
-            key: known if settled(known := pa.array(values).type) else None
-            for key, values in answer_columns(self.task, outputs).items()
+            key: arrow_type(values) for key, values in answer_columns(self.task, outputs).items()
         }
 
     def run_part(self, part: Part) -> tuple[int, int]:
@@ -215,11 +228,14 @@ class PartRunner:
         )
         return {**chunk, **added}
 
-    def predict(self, checked: Checked) -> tuple[list[Any], str | None]:
-        """The answers to ``checked``'s texts, or why the model failed on them."""
+    def predict(
+        self, checked: Checked, extra: Mapping[str, Any] | None = None
+    ) -> tuple[list[Any], str | None]:
+        """The answers to ``checked``'s texts (with the job's parameters, ``extra`` over
+        them), or why the model failed on them."""
         if not checked.texts:
             return [], None
-        parameters = dict(self.spec.parameters)
+        parameters = {**self.spec.parameters, **(extra or {})}
         if checked.queries is not None and self.task.row_parameter is not None:
             parameters[self.task.row_parameter] = checked.queries
         try:

@@ -369,10 +369,12 @@ def read_state(state_dir: Path) -> dict[str, Any] | None:
     path = state_dir / STATE_FILE
     try:
         state = json.loads(path.read_text())
-        os.kill(int(state["pid"]), 0)
+        running = alive(int(state["pid"]))  # not a zombie no one has collected yet
     except FileNotFoundError:
         return None
-    except (ProcessLookupError, ValueError, KeyError):
+    except (ValueError, KeyError):
+        running = False
+    if not running:
         path.unlink(missing_ok=True)
         return None
     return state

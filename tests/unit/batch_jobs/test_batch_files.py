@@ -195,3 +195,16 @@ def test_chunks_of_empty_lists_wait_for_one_that_types_them(tmp_path):
     assert table.column("entities").to_pylist() == [[], [], [{"word": "Paris", "score": 0.9}]]
     assert settled(table.schema.field("entities").type)
     assert not settled(pa.list_(pa.null())) and settled(pa.list_(pa.string()))
+
+
+def test_a_column_first_seen_past_a_row_group_keeps_its_type(tmp_path):
+    # No value for "note" in the first row group's worth of rows: the schema waits.
+    fs, output = filesystem(str(tmp_path / "out"))
+    writer = PartWriter(fs, output, "part-00000.parquet", "parquet")
+    rows = files.ROW_GROUP_ROWS + 10
+    writer.write({"text": ["a"] * rows, "note": [None] * rows})
+    writer.write({"text": ["b"], "note": ["late"]})
+    writer.commit()
+    table = pq.read_table(tmp_path / "out" / "part-00000.parquet")
+    assert table.schema.field("note").type == pa.string()
+    assert table.column("note").to_pylist()[-2:] == [None, "late"]

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from infergate.batch.files import Part, filesystem
-from infergate.batch.worker import PROBE_TEXT, PartRunner, WorkerSpec, node_address
+from infergate.batch.worker import PROBE_TEXT, PartRunner, WorkerSpec, arrow_type, node_address
 from infergate.errors import InvalidInput
 from infergate.protocols.wire import Limits
 from infergate.tasks import get
@@ -141,3 +141,9 @@ def test_a_part_of_refused_rows_has_the_answer_columns_typed(tmp_path, loops, fm
     assert table.column_names == ["text", "score", "version", "error"]
     if fmt == "parquet":
         assert table.schema.field("score").type == pa.float64()
+
+
+def test_the_probe_types_only_what_its_answer_tells():
+    assert arrow_type([0.5]) == pa.float64()
+    assert arrow_type([[]]) is None  # no entity found: a list of what?
+    assert arrow_type([{"a": 1}, {"a": "x"}]) is None  # mixed: left to the answers

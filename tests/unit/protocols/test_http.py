@@ -7,7 +7,7 @@ import orjson
 import pytest
 from starlette.requests import Request
 
-from infergate.errors import ModelNotFound, Overloaded, RequestTimeout
+from infergate.errors import ModelNotFound, Overloaded, PayloadTooLarge, RequestTimeout
 from infergate.http import SlowUploads, answer, error_response, read_body
 
 
@@ -77,6 +77,14 @@ def test_a_content_length_that_is_no_ascii_number_is_not_trusted(declared):
     # refuses: the fuzz test once found a 500 there. The body read is what counts.
     request = _request([b'{"inputs": "a"}'], headers=[(b"content-length", declared)])
     assert asyncio.run(read_body(request, 100)) == b'{"inputs": "a"}'
+
+
+@pytest.mark.parametrize("declared", [b"9" * 5000, b"0" * 5000 + b"101"])
+def test_a_content_length_of_thousands_of_digits_is_compared_not_converted(declared):
+    # int() refuses a string of more than 4,300 digits.
+    request = _request([b"x"], headers=[(b"content-length", declared)])
+    with pytest.raises(PayloadTooLarge, match="the limit is 100 bytes"):
+        asyncio.run(read_body(request, 100))
 
 
 def test_a_body_sent_at_once_is_read_whole_and_counts_as_no_slow_upload():
