@@ -45,6 +45,7 @@ class Planned:
     output_format: str
     parts: list[Part]  # every part of the input
     todo: list[Part]  # those without an output file yet
+    input_columns: list[str]  # the first file's
 
 
 def resolve_version(registry: Registry, options: JobOptions) -> ServedVersion:
@@ -71,8 +72,8 @@ def prepare(options: JobOptions, registry: Registry) -> Planned:
     format_of("." + output_format, output_format)  # a known one
     in_fs, in_path = filesystem(options.input)
     files = input_files(in_fs, in_path, input_format, options.input)
-    check_columns(columns_of(in_fs, files[0], input_format), options.column,
-                  options.query_column, files[0])  # fmt: skip
+    columns = columns_of(in_fs, files[0], input_format)
+    check_columns(columns, options.column, options.query_column, files[0])
     out_fs, out_path = filesystem(options.output)
     done = written_parts(out_fs, out_path)
     try:
@@ -86,7 +87,7 @@ def prepare(options: JobOptions, registry: Registry) -> Planned:
     check_task_options(task, options)
     parts = plan(in_fs, files, input_format, options.part_rows, options.part_bytes)
     todo = [p for p in parts if p.output_name(output_format) not in done]
-    return Planned(served, input_format, output_format, parts, todo)
+    return Planned(served, input_format, output_format, parts, todo, columns)
 
 
 def actors_for(
@@ -261,6 +262,7 @@ def _run_parts(options: JobOptions, planned: Planned, registry: Registry, limits
             output=options.output,
             output_format=planned.output_format,
             limits=limits,
+            input_columns=tuple(planned.input_columns),
             threads=max(1, int(cpus)),
             gpu=gpu,
         )

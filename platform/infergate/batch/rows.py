@@ -7,7 +7,7 @@ others are answered; nothing about one row stops the job.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,16 @@ from infergate.tasks import Task
 
 VERSION_COLUMN = "version"
 ERROR_COLUMN = "error"
+RENAMED_PREFIX = "infergate_"
+
+
+def added_name(key: str, input_columns: Collection[str]) -> str:
+    """The name a column the job adds is written under: its own, or with ``infergate_``
+    in front where the input has a column of that name (a data set's own ``label`` stays,
+    beside the answer's ``infergate_label``)."""
+    while key in input_columns:
+        key = RENAMED_PREFIX + key
+    return key
 
 
 def row_problem(text: Any, limits: Limits, what: str = "the text") -> str | None:

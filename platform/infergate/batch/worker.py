@@ -34,6 +34,7 @@ from infergate.batch.rows import (
     ERROR_COLUMN,
     VERSION_COLUMN,
     Checked,
+    added_name,
     answer_columns,
     check_rows,
     result_columns,
@@ -61,6 +62,9 @@ class WorkerSpec:
     output: str
     output_format: str
     limits: Limits
+    # The input's columns (its first file's): a column the job adds under one of these
+    # names is renamed (rows.added_name), never written over the input's.
+    input_columns: tuple[str, ...] = ()
     threads: int = 1  # the model's threads in each actor: the CPUs it was given
     gpu: bool = False
     # Each node keeps its copy of the version's files here.
@@ -171,6 +175,8 @@ class PartRunner:
         name = part.output_name(self.spec.output_format)
         types = {k: t for k, t in self.answer_types.items() if t is not None}
         types |= {VERSION_COLUMN: pa.string(), ERROR_COLUMN: pa.string()}
+        types = {self.added_name(k): t for k, t in types.items()}
+        error = self.added_name(ERROR_COLUMN)
         writer = PartWriter(self.fs, self.output, name, self.spec.output_format, types)
 
         rows = errors = 0
@@ -178,8 +184,8 @@ class PartRunner:
             for chunk in read_part(self.input_fs, part, self.spec.batch_size):
                 answered = self.answer(chunk)
                 writer.write(answered)
-                rows += len(answered["error"])
-                errors += sum(e is not None for e in answered["error"])
+                rows += len(answered[error])
+                errors += sum(e is not None for e in answered[error])
         except BaseException:
             writer.abort()
             raise
@@ -203,7 +209,7 @@ class PartRunner:
         added = result_columns(
             self.task, n, checked, outputs, self.spec.served.version, failure, self.answer_types
         )
-        return {**chunk, **added}
+        return self._merged(chunk, added)
 
     def _row_by_row(self, chunk: Chunk, checked: Checked, n: int) -> Chunk:
         parts = []
@@ -226,7 +232,15 @@ class PartRunner:
         added = result_columns(
             self.task, n, merged, outputs, self.spec.served.version, answer_keys=self.answer_types
         )
-        return {**chunk, **added}
+        return self._merged(chunk, added)
+
+    def added_name(self, key: str) -> str:
+        return added_name(key, self.spec.input_columns)
+
+    def _merged(self, chunk: Chunk, added: Chunk) -> Chunk:
+        """The chunk's columns, then those the job adds, renamed where the input has one
+        of their names."""
+        return {**chunk, **{self.added_name(key): values for key, values in added.items()}}
 
     def predict(
         self, checked: Checked, extra: Mapping[str, Any] | None = None

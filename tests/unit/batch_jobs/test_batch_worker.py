@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from infergate.batch.files import Part, filesystem
+from infergate.batch.rows import added_name
 from infergate.batch.worker import PROBE_TEXT, PartRunner, WorkerSpec, arrow_type, node_address
 from infergate.errors import InvalidInput
 from infergate.protocols.wire import Limits
@@ -56,6 +58,7 @@ def runner(tmp_path, runtime, loops, **kw) -> PartRunner:
         output=str(tmp_path / "out"),
         output_format=kw.get("output_format", "jsonl"),
         limits=Limits(1 << 20, 64, 20),
+        input_columns=kw.get("input_columns", ()),
     )
     worker = PartRunner.__new__(PartRunner)  # what __init__ loads from the registry, by hand
     worker.spec, worker.runtime, worker.backend, worker.task = spec, runtime, None, runtime.task
@@ -147,3 +150,25 @@ def test_the_probe_types_only_what_its_answer_tells():
     assert arrow_type([0.5]) == pa.float64()
     assert arrow_type([[]]) is None  # no entity found: a list of what?
     assert arrow_type([{"a": 1}, {"a": "x"}]) is None  # mixed: left to the answers
+
+
+def test_a_column_the_input_has_is_kept_and_the_answers_go_beside_it(tmp_path, loops):
+    # A labelled data set scored against its own labels: its `score`, `version` and
+    # `error` stay; what the job adds goes in infergate_score, infergate_version, ...
+    rows = [{"text": "good", "score": 1, "version": "gold", "error": "none"}, {"text": ""}]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    worker = runner(tmp_path, RuntimeFailingOnBoom(), loops, query_column=None,
+                    input_columns=("text", "score", "version", "error"))  # fmt: skip
+    worker.spec = replace(worker.spec, parameters={"query": "q"})
+    worker.answer_types = worker.probe()
+    part = Part(0, str(source), "jsonl", start=0, stop=source.stat().st_size)
+    assert worker({"part": [part.to_json()]})["errors"] == [1]
+    lines = (tmp_path / "out" / "part-00000.jsonl").read_text().splitlines()
+    written = [json.loads(line) for line in lines]
+    assert written[0] == {
+        "text": "good", "score": 1, "version": "gold", "error": "none",
+        "infergate_score": 4.0, "infergate_version": "3", "infergate_error": None,
+    }  # fmt: skip
+    assert written[1]["infergate_score"] is None and "empty" in written[1]["infergate_error"]
+    assert added_name("score", {"score", "infergate_score"}) == "infergate_infergate_score"
