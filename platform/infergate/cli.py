@@ -51,7 +51,8 @@ def _reachable(uri: str) -> bool:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from infergate.stack.supervisor import Stack, read_state
+    from infergate.stack.state import read_state
+    from infergate.stack.supervisor import Stack
 
     config = _config(args)
     if read_state(config.state_dir):
@@ -137,7 +138,7 @@ def _print_endpoints(endpoints: dict[str, Any], *, detached: bool = False) -> No
 
 
 def _up_detached(args: argparse.Namespace, config: StackConfig) -> int:
-    from infergate.stack.supervisor import read_state
+    from infergate.stack.state import read_state
 
     log_dir = config.state_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -167,7 +168,7 @@ def _up_detached(args: argparse.Namespace, config: StackConfig) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from infergate.stack.supervisor import stop_running
+    from infergate.stack.state import stop_running
 
     config = _config(args)
     if stop_running(config.state_dir):

@@ -15,7 +15,8 @@ from infergate.config import load_config
 from infergate.errors import StackError
 from infergate.stack import supervisor as stack_module
 from infergate.stack.processes import Child, alive, live_pids, spawn, stat_fields
-from infergate.stack.supervisor import RESTART_LIMIT, Stack, read_state, stop_running
+from infergate.stack.state import read_state, stop_running
+from infergate.stack.supervisor import RESTART_LIMIT, Stack
 
 
 def exited_child(tmp_path) -> Child:

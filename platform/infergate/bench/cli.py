@@ -30,7 +30,7 @@ def running_stack() -> Path | None:
     """The state folder of an ``infergate up`` stack running on this machine's default
     config, if one runs: the benchmark's cells would share the cores with it."""
     from infergate.config import load_config
-    from infergate.stack.supervisor import read_state
+    from infergate.stack.state import read_state
 
     state_dir = load_config().state_dir
     return state_dir if read_state(state_dir) is not None else None

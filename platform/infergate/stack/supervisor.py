@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +27,6 @@ from infergate.serving.ingress import write_error_pages
 from infergate.stack import mlflow_server
 from infergate.stack.processes import (
     Child,
-    alive,
     check_ports,
     descendants,
     http_ok,
@@ -37,6 +35,7 @@ from infergate.stack.processes import (
     wait_until,
 )
 from infergate.stack.ray_start import grpc_message_limit, start_ray
+from infergate.stack.state import STATE_FILE
 from infergate.triton.client import TritonControl
 from infergate.triton.fleet import TritonFleet
 from infergate.triton.server import (
@@ -47,7 +46,6 @@ from infergate.triton.server import (
 )
 
 log = logging.getLogger(__name__)
-STATE_FILE = "stack.json"
 RESTART_LIMIT = 3  # restarts of one component within RESTART_WINDOW_S before giving up
 RESTART_WINDOW_S = 600.0
 ERROR_PAGES_CHECK_S = 5.0  # how often the ingress's JSON error page is checked for
@@ -362,42 +360,6 @@ def render_prometheus_config(config: StackConfig) -> str:
     for key, value in values.items():
         text = text.replace("${" + key + "}", value)
     return text
-
-
-def read_state(state_dir: Path) -> dict[str, Any] | None:
-    """What the running stack wrote about itself; None (and a stale file removed) if none runs."""
-    path = state_dir / STATE_FILE
-    try:
-        state = json.loads(path.read_text())
-        running = alive(int(state["pid"]))  # not a zombie no one has collected yet
-    except FileNotFoundError:
-        return None
-    except (ValueError, KeyError):
-        running = False
-    if not running:
-        path.unlink(missing_ok=True)
-        return None
-    return state
-
-
-def stop_running(state_dir: Path, timeout_s: float = 60.0) -> bool:
-    """Ask the supervisor recorded in the state folder to stop; False if none runs."""
-    state = read_state(state_dir)
-    if state is None:
-        return False
-    pid = int(state["pid"])
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        # Exited is enough: a detached supervisor's parent is init, which may collect it
-        # seconds later (a zombie still takes signals).
-        if not alive(pid):
-            return True
-        time.sleep(0.1)
-    raise StackError(f"the stack (pid {pid}) did not stop within {timeout_s:.0f} s")
 
 
 def inference_address(serve: ServeSettings) -> str:
