@@ -82,8 +82,12 @@ up: install prometheus
 down:
 	$(VENV)/bin/infergate down
 
+# Two workers: much of an end-to-end test waits (a canary's steps, a soak, an idle unload),
+# and the other worker's module runs meanwhile (tests/workers.py: who runs beside whom).
+TEST_WORKERS ?= 2
+
 test: install prometheus test-hosts
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-unit: install
 	$(PY) -m pytest tests/unit
@@ -92,7 +96,7 @@ test-integration: install prometheus test-hosts
 	$(PY) -m pytest tests/integration
 
 test-e2e: install prometheus test-hosts
-	$(PY) -m pytest tests/e2e
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests/e2e
 
 lint: install
 	$(VENV)/bin/ruff check platform tests

@@ -1,14 +1,17 @@
 """Hooks for every test: what a test needs of the machine fails it where missing, unless
-TESTS_WITHOUT excuses the machine (tests/machine.py); and, after the run, where its time
-went by folder and module."""
+TESTS_WITHOUT excuses the machine (tests/machine.py); how tests share the workers of a
+parallel run (tests/workers.py); and, after the run, where its time went by folder and
+module."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 
 import pytest
 
 import machine
+import workers
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -24,6 +27,16 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before the test's fixtures start anything."""
     machine.check(item)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workers.arrange(config, items)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's clock
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    with workers.turn(item):
+        yield
 
 
 # Where a run's time goes, by module and by folder: pytest's --durations lists single

@@ -282,6 +282,7 @@ WRONG = {
 }
 
 
+@pytest.mark.quiet
 @pytest.mark.parametrize("wrong", WRONG)
 def test_a_canary_that_answers_wrongly_is_rolled_back_in_shadow_before_any_client_sees_it(
     stack, http, registry, tmp_path, wrong
@@ -466,6 +467,7 @@ def test_a_classifier_retrained_with_another_seed_is_promoted_through_every_step
     assert trail[1]["reason"].startswith("shadow passed: agreement ")
 
 
+@pytest.mark.quiet
 def test_clients_latency_with_a_canary_in_shadow_and_without(stack, http, tmp_path):
     """Side by side on the demo's sentiment (MiniLM): the same paced client in a window
     without a canary, one with a copy of the champion in shadow at the default share
@@ -513,6 +515,7 @@ def test_clients_latency_with_a_canary_in_shadow_and_without(stack, http, tmp_pa
     assert p50[0] <= 1.5 * p50[1] + 2.0, (p50, p99)
 
 
+@pytest.mark.quiet
 def test_a_wrong_canary_in_a_weighted_step_is_rolled_back_before_the_steps_end(
     stack, http, registry, tmp_path
 ):

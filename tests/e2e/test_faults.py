@@ -307,6 +307,7 @@ def test_grpc_calls_on_one_connection_spread_over_both_replicas(stack):
     assert len(calls) == 2 and min(calls.values()) >= 10, calls
 
 
+@pytest.mark.quiet
 def test_a_soak_at_half_capacity_with_a_canary_rolling_through(stack, report, tmp_path):
     """Half the stack's capacity for SOAK_S, a canary started a tenth in and rolled out
     automatically: no error, the p99 of the last tenth within 1.5x of the first's, and
@@ -363,6 +364,7 @@ def test_a_soak_at_half_capacity_with_a_canary_rolling_through(stack, report, tm
     assert p99(last) <= 1.5 * p99(first) + 0.005, (p99(first), p99(last))
 
 
+@pytest.mark.quiet
 def test_one_of_two_front_end_replicas_killed_costs_no_answer(stack, report):
     replicas = wait_for(lambda: _two(processes(stack, REPLICA)), 120, "two replicas")
     figures = under_fault(stack, "one of two front-end replicas killed", lambda: kill(replicas[:1]))
@@ -374,6 +376,7 @@ def test_one_of_two_front_end_replicas_killed_costs_no_answer(stack, report):
     assert_few_dropped(figures)
 
 
+@pytest.mark.quiet
 def test_every_front_end_replica_killed(stack, report):
     """No replica at all: Ray Serve's HAProxy hands requests to its fallback, the head
     node's Serve proxy, until a replica is back."""
@@ -403,6 +406,7 @@ def _two(pids: list[int]) -> list[int] | None:
 TRITON_BACK_S = 12.0  # a killed Triton started again with every served version loaded
 
 
+@pytest.mark.quiet
 def test_a_killed_triton(stack, report):
     """503s until the stack has started Triton again and loaded the served versions, then
     all 200 again within TRITON_BACK_S (seen: 1.7 s)."""
@@ -430,6 +434,7 @@ def test_a_killed_mlflow_costs_no_answer(stack, report):
     wait_for(lambda: _mlflow_answers(stack), 180, "MLflow back")
 
 
+@pytest.mark.quiet
 def test_a_frozen_triton_answers_504_within_the_deadline(stack, report):
     def freeze() -> None:
         tritons = processes(stack, "tritonserver")

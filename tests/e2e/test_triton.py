@@ -363,6 +363,7 @@ def test_metrics_port_reports_successes(
     assert f'nv_inference_request_success{{model="{model}",version="1"}} {successes}' in body
 
 
+@pytest.mark.quiet
 def test_one_request_latency(
     triton_server: RunningTriton,
     control: TritonControl,

@@ -1,0 +1,72 @@
+"""The tests on several workers (`make test` runs pytest-xdist's ``-n 2 --dist loadgroup``):
+what keeps two workers from harming each other's tests.
+
+- A module runs whole on one worker: its stack is a module fixture, started once. The
+  modules that make network namespaces (``machine("netns")``) run on one worker, one
+  after the other: each numbers its namespace's subnet by its process id.
+- A test marked ``quiet`` bounds a latency or a recovery time: it runs with no test of
+  another worker beside it. Every test holds a shared lock from its setup to its teardown
+  (a module's stack starts in its first test's setup and stops in its last one's
+  teardown); a quiet test holds it alone. A quiet test that waits for it closes a
+  turnstile first, so the other worker starts nothing new meanwhile.
+- The end-to-end modules go first and the unit tests last, where they fill a worker
+  while the other finishes a long module.
+
+Run without workers (one module, ``make test-unit``), none of this changes anything.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+FOLDERS_FIRST = ("tests/e2e/", "tests/integration/")  # then everything else
+
+
+def worker_run(config: pytest.Config) -> str | None:
+    """The id of the run this worker belongs to, None outside pytest-xdist's workers."""
+    workerinput = getattr(config, "workerinput", None)
+    return None if workerinput is None else str(workerinput["testrunuid"])
+
+
+def arrange(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test in its module's group (or the namespaces'); heavy folders first."""
+    if worker_run(config) is None:
+        return
+    for item in items:
+        needs = [mark.args[0] for mark in item.iter_markers("machine")]
+        group = "netns" if "netns" in needs else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+    def rank(item: pytest.Item) -> int:
+        folder = next((f for f in FOLDERS_FIRST if item.nodeid.startswith(f)), None)
+        return len(FOLDERS_FIRST) if folder is None else FOLDERS_FIRST.index(folder)
+
+    items.sort(key=rank)  # stable: a module's tests stay together and in order
+
+
+@contextmanager
+def turn(item: pytest.Item) -> Iterator[None]:
+    """Hold the shared lock while ``item`` runs, or, for a quiet test, the lock alone."""
+    run = worker_run(item.config)
+    if run is None:
+        yield
+        return
+    folder = Path(tempfile.gettempdir()) / f"pytest-workers-{run}"
+    folder.mkdir(exist_ok=True)
+    quiet = item.get_closest_marker("quiet") is not None
+    with ExitStack() as held:
+        turnstile = held.enter_context((folder / "turnstile").open("a"))
+        running = held.enter_context((folder / "running").open("a"))
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        held.callback(fcntl.flock, turnstile, fcntl.LOCK_UN)
+        fcntl.flock(running, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+        held.callback(fcntl.flock, running, fcntl.LOCK_UN)
+        if not quiet:  # through the turnstile: a quiet test may close it behind us
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield
