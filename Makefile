@@ -87,7 +87,7 @@ down:
 TEST_WORKERS ?= 2
 
 test: install prometheus test-hosts
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-unit: install
 	$(PY) -m pytest tests/unit
@@ -96,7 +96,7 @@ test-integration: install prometheus test-hosts
 	$(PY) -m pytest tests/integration
 
 test-e2e: install prometheus test-hosts
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests/e2e
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/e2e
 
 lint: install
 	$(VENV)/bin/ruff check platform tests

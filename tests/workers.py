@@ -1,9 +1,9 @@
-"""The tests on several workers (`make test` runs pytest-xdist's ``-n 2 --dist loadgroup``):
+"""The tests on several workers (`make test` runs pytest-xdist's ``-n 2 --dist loadfile``):
 what keeps two workers from harming each other's tests.
 
-- A module runs whole on one worker: its stack is a module fixture, started once. The
-  modules that make network namespaces (``machine("netns")``) run on one worker, one
-  after the other: each numbers its namespace's subnet by its process id.
+- A module runs whole on one worker (``loadfile``): its stack is a module fixture,
+  started once. What two modules on two workers could both take is taken by claim: free
+  ports (``free_ports``), a network namespace's subnet (``network_hosts``).
 - A test marked ``quiet`` bounds a latency or a recovery time: it runs with no test of
   another worker beside it. Every test holds a shared lock from its setup to its teardown
   (a module's stack starts in its first test's setup and stops in its last one's
@@ -35,13 +35,9 @@ def worker_run(config: pytest.Config) -> str | None:
 
 
 def arrange(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test in its module's group (or the namespaces'); heavy folders first."""
+    """The end-to-end modules first, then the integration ones, then the rest."""
     if worker_run(config) is None:
         return
-    for item in items:
-        needs = [mark.args[0] for mark in item.iter_markers("machine")]
-        group = "netns" if "netns" in needs else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
 
     def rank(item: pytest.Item) -> int:
         folder = next((f for f in FOLDERS_FIRST if item.nodeid.startswith(f)), None)

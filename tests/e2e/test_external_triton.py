@@ -97,7 +97,7 @@ def stack_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def triton_host(stack_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonHost]:
     state_dir = tmp_path_factory.mktemp("triton-host")
     env = stack_env(state_dir)  # free ports; Triton's are used on the host's own address
-    with network_host(f"igt{os.getpid() % 10000}", subnet=os.getpid() % 250) as host:
+    with network_host(f"igt{os.getpid() % 10000}") as host:
         triton = TritonHost(host, env, state_dir, hidden=stack_dir)
         triton.start()
         try:

@@ -44,8 +44,7 @@ MODEL = "spread"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     workdir = tmp_path_factory.mktemp("ray-cluster")
     env = {**os.environ, **RAY_ENV}
-    subnet = (os.getpid() + 1) % 250
-    with network_host(f"igr{os.getpid() % 10000}", subnet) as host:
+    with network_host(f"igr{os.getpid() % 10000}") as host:
         gcs_port, dashboard_port, client_port, http_port = free_ports(4)
         head_command = [
             str(BIN / "ray"), "start", "--head", "--node-ip-address", host.gateway,
