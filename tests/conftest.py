@@ -29,10 +29,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     machine.check(item)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    workers.arrange(config, items)
-
-
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's clock
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     with workers.turn(item):

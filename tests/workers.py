@@ -10,7 +10,10 @@ loadfile``): what keeps two workers from harming each other's tests.
   teardown); a quiet test holds it alone. A quiet test that waits for it closes a
   turnstile first, so the other worker starts nothing new meanwhile.
 - The end-to-end modules go first and the unit tests last, where they fill a worker
-  while the other finishes a long module.
+  while the other finishes a long module: pytest collects ``tests/`` folder by folder in
+  alphabetical order (e2e, integration, unit), and ``loadfile`` hands modules out in
+  that order (``--no-loadscope-reorder``, in the Makefile, keeps it from putting the
+  modules with the most tests first).
 
 Run without workers (one module, ``make test-unit``), none of this changes anything.
 """
@@ -25,25 +28,11 @@ from pathlib import Path
 
 import pytest
 
-FOLDERS_FIRST = ("tests/e2e/", "tests/integration/")  # then everything else
-
 
 def worker_run(config: pytest.Config) -> str | None:
     """The id of the run this worker belongs to, None outside pytest-xdist's workers."""
     workerinput = getattr(config, "workerinput", None)
     return None if workerinput is None else str(workerinput["testrunuid"])
-
-
-def arrange(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The end-to-end modules first, then the integration ones, then the rest."""
-    if worker_run(config) is None:
-        return
-
-    def rank(item: pytest.Item) -> int:
-        folder = next((f for f in FOLDERS_FIRST if item.nodeid.startswith(f)), None)
-        return len(FOLDERS_FIRST) if folder is None else FOLDERS_FIRST.index(folder)
-
-    items.sort(key=rank)  # stable: a module's tests stay together and in order
 
 
 @contextmanager
