@@ -22,6 +22,7 @@ from infergate.errors import (
     InfergateError,
     PayloadTooLarge,
     RequestTimeout,
+    UnsupportedMediaType,
 )
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,13 @@ async def read_body(
 ) -> bytes:
     """Read at most ``limit`` bytes: a huge body is refused before it is all in memory.
     ``timeout_s`` bounds the whole read (408 past it); ``slow`` bounds the reads still
-    going after its grace period."""
+    going after its grace period. A compressed body is refused (415) before it is read:
+    no endpoint decompresses, and its bytes would be read as broken text."""
+    encoding = request.headers.get("content-encoding")
+    if encoding and encoding.strip().lower() != "identity":
+        raise UnsupportedMediaType(
+            f"content-encoding {encoding!r} is not supported; send the body uncompressed"
+        )
     declared = request.headers.get("content-length")
     if declared and declared.isascii() and declared.isdigit() and _over(declared, limit):
         raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")

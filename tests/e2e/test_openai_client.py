@@ -89,6 +89,13 @@ def test_errors_raise_the_class_their_status_maps_to(client):
         client.embeddings.create(model="embed", input=[101, 7592, 102])
     with pytest.raises(openai.UnprocessableEntityError, match="makes no embeddings"):
         client.embeddings.create(model="sentiment", input="hello")
+    # A body said to be compressed is refused rather than read (no endpoint decompresses).
+    with pytest.raises(openai.APIStatusError) as compressed:
+        client.embeddings.create(
+            model="embed", input="hello", extra_headers={"content-encoding": "gzip"}
+        )
+    assert compressed.value.status_code == 415
+    assert "content-encoding 'gzip' is not supported" in compressed.value.message
 
 
 def test_the_root_path_answers_too(http):

@@ -3,6 +3,7 @@ Triton, Ray Serve and Prometheus, the demo models, registration over the CLI, an
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -121,6 +122,7 @@ BAD_REQUESTS = [
     ("post", "/v1/models/sentiment/predict", b'{"inputs": [1, 2]}', JSON, 422, "invalid_input"),
     ("post", "/v1/models/sentiment/predict", b'{"inputs": [["a"]]}', JSON, 422, "invalid_input"),
     ("post", "/v1/models/sentiment/predict", b'["a"]', JSON, 422, "invalid_input"),
+    ("post", "/v1/models/sentiment/predict", b'{"inputs": "\\u0000"}', JSON, 422, "invalid_input"),
     ("post", "/v1/models/sentiment/predict", b'{"inputs": "a", "parameters": {"normalize": true}}',
      JSON, 422, "invalid_input"),
     ("post", "/v1/models/sentiment/predict", b'{"inputs": "a"}', {"content-type": "text/plain"},
@@ -131,6 +133,11 @@ BAD_REQUESTS = [
      413, "payload_too_large"),
     ("post", "/v1/models/sentiment/predict", b'{"inputs": "' + b"a" * 2_000_000 + b'"}', JSON,
      413, "payload_too_large"),
+    # No endpoint decompresses: a compressed body is refused, not read as broken text.
+    ("post", "/v1/models/sentiment/predict", gzip.compress(b'{"inputs": "a"}'),
+     {**JSON, "content-encoding": "gzip"}, 415, "unsupported_media_type"),
+    ("post", "/v2/models/sentiment/infer", gzip.compress(b'{"inputs": []}'),
+     {**JSON, "content-encoding": "gzip"}, 415, "unsupported_media_type"),
     ("post", "/v1/models/nope/predict", b'{"inputs": "a"}', JSON, 404, "model_not_found"),
     ("get", "/v1/models/nope", None, {}, 404, "model_not_found"),
     ("get", "/v1/models/sentiment/predict", None, {}, 405, "method_not_allowed"),

@@ -100,13 +100,12 @@ def infer_parser(task: str | None, headers: Mapping[str, str]) -> Parse:
     """The parser of an infer call to a model of ``task`` (None: no such model, and the
     front-end says so before parsing), reading the binary extension's header."""
     header_length = headers.get(HEADER_LENGTH)
-    encoding = headers.get("content-encoding")
     outputs = () if task is None else tasks.get(task).v2_outputs
 
     def parse(body: bytes, limits: Limits) -> PredictRequest:
         if task is not None:
             refuse_unless_served(task)
-        return parse_infer(body, limits, outputs, header_length, encoding)
+        return parse_infer(body, limits, outputs, header_length)
 
     return parse
 

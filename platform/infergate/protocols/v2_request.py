@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
-from infergate.errors import InvalidInput, MalformedBody, UnsupportedMediaType
+from infergate.errors import InvalidInput, MalformedBody
 from infergate.protocols.v2_binary import HEADER_LENGTH, binary_elements, split
 from infergate.protocols.wire import (
     Limits,
@@ -164,15 +164,10 @@ def parse_infer(
     limits: Limits,
     outputs: Sequence[str],
     header_length: str | None = None,
-    content_encoding: str | None = None,
 ) -> PredictRequest:
     """The texts of an infer request, its parameters for the model, and in ``extra`` its
     ``id`` and ``outputs`` (``RequestedOutput``s among ``outputs``, the model's). A binary
     body has a JSON header of ``header_length`` bytes, then the binary tensors."""
-    if content_encoding and content_encoding.strip().lower() != "identity":
-        raise UnsupportedMediaType(
-            f"content-encoding {content_encoding!r} is not supported; send the body uncompressed"
-        )
     check_body_size(body, limits)
     header, binary = split(body, header_length)
     return predict_request(V2InferRequest.read(header, InferContext(limits, outputs, binary)))

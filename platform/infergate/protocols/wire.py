@@ -7,6 +7,7 @@ whose message says what was received and what is expected.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -252,6 +253,12 @@ def check_texts(
             raise InvalidInput(
                 f"{item(index)} is empty or only whitespace; send some text", param=param
             )
+        if _only_control(text):  # tokenizers drop them: [CLS] [SEP] alone again
+            raise InvalidInput(
+                f"{item(index)} holds only control characters (such as NUL) and whitespace; "
+                "send some text",
+                param=param,
+            )
         if len(text) > limits.max_chars_per_text:
             raise PayloadTooLarge(
                 f"{item(index)} has {len(text)} characters; the limit is "
@@ -259,6 +266,12 @@ def check_texts(
                 param=param,
             )
     return texts
+
+
+def _only_control(text: str) -> bool:
+    """Whether ``text`` is made of control characters and whitespace alone (it stops at
+    the first other character: a text's first, as a rule)."""
+    return all(char.isspace() or unicodedata.category(char) == "Cc" for char in text)
 
 
 def check_text_count(count: int, limits: Limits, name: str, param: str | None = None) -> None:

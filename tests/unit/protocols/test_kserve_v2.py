@@ -287,12 +287,6 @@ def test_bad_binary_requests_get_typed_errors(body_and_length, error, fragment):
     assert fragment in info.value.message
 
 
-def test_a_compressed_body_is_refused_rather_than_read_as_garbage():
-    with pytest.raises(UnsupportedMediaType, match="content-encoding 'gzip'"):
-        parse_infer(infer_body(), LIMITS, CLASSIFIER, content_encoding="gzip")
-    assert parse_infer(infer_body(), LIMITS, CLASSIFIER, content_encoding="identity").texts
-
-
 @pytest.mark.parametrize(
     "value", [None, "application/json", "application/octet-stream", "Application/Octet-Stream; x=y"]
 )

@@ -46,6 +46,12 @@ def test_unicode_text_is_kept():
             InvalidInput,
             "'inputs[1]' is empty or only whitespace",
         ),
+        (b'{"inputs": "\\u0000"}', InvalidInput, "'inputs' holds only control characters"),
+        (
+            b'{"inputs": ["a", "\\u0000 \\u001b\\n\\u007f"]}',
+            InvalidInput,
+            "'inputs[1]' holds only control characters (such as NUL) and whitespace",
+        ),
         (b'{"inputs": "a", "extra": 1}', InvalidInput, "unknown field"),
         (b'{"inputs": "a", "parameters": []}', InvalidInput, "must be an object"),
         (b'{"inputs": "a", "parameters": {"x": 1}}', InvalidInput, "unknown parameter"),
@@ -87,3 +93,11 @@ def test_json_in_another_charset_is_refused(charset):
 def test_other_content_types_are_refused(value):
     with pytest.raises(UnsupportedMediaType, match="application/json"):
         check_content_type(value)
+
+
+def test_a_control_character_beside_some_text_is_kept():
+    """Only a text with nothing else is refused; the tokenizer drops what it does not read."""
+    assert parse_predict(b'{"inputs": ["a\\u0000b", "\\u0007 bell"]}', LIMITS).texts == [
+        "a\x00b",
+        "\x07 bell",
+    ]
