@@ -253,16 +253,18 @@ def check_texts(
             raise InvalidInput(
                 f"{item(index)} is empty or only whitespace; send some text", param=param
             )
-        if _only_control(text):  # tokenizers drop them: [CLS] [SEP] alone again
-            raise InvalidInput(
-                f"{item(index)} holds only control characters (such as NUL) and whitespace; "
-                "send some text",
-                param=param,
-            )
         if len(text) > limits.max_chars_per_text:
             raise PayloadTooLarge(
                 f"{item(index)} has {len(text)} characters; the limit is "
                 f"{limits.max_chars_per_text} per text",
+                param=param,
+            )
+        # After the length check (this one loops in Python): tokenizers drop control
+        # characters, so the model would see [CLS] [SEP] alone again.
+        if _only_control(text):
+            raise InvalidInput(
+                f"{item(index)} holds only control characters (such as NUL) and whitespace; "
+                "send some text",
                 param=param,
             )
     return texts
