@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from infergate.protocols.frontend import Frontend
     from infergate.registry import RegisteredModel
     from infergate.serving.runtime import ModelRuntime
+    from infergate.triton.fleet import TritonFleet
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -265,6 +266,31 @@ class FakeTritonControl:
         self.closed = True
 
 
+class FakePods:
+    """Fake Tritons (``FakeTritonControl``) behind a name, as a headless Service resolves
+    it to pods: ``fleet`` drives them; ``addresses`` can change (pods come and go)."""
+
+    def __init__(self, *addresses: str, native: bool = False) -> None:
+        self.addresses = list(addresses)
+        self.tritons: dict[str, FakeTritonControl] = {}
+        self.native = native
+
+    def connect(self, url: str) -> FakeTritonControl:
+        self.tritons[url] = FakeTritonControl(url, self.native)
+        return self.tritons[url]
+
+    def fleet(self, repository: Path | None = None, **settings: Any) -> TritonFleet:
+        from infergate.config import TritonSettings
+        from infergate.triton.fleet import TritonFleet
+
+        return TritonFleet(
+            TritonSettings(external_host="triton-headless", **settings),
+            repository,
+            connect=self.connect,
+            resolve=lambda host: self.addresses,
+        )
+
+
 class MemoryRegistry:
     """Stands in for ``Registry`` (``infergate.registry``), MLflow's model registry as the
     control plane uses it: models with their aliases and tags held in memory, changed at
@@ -376,14 +402,14 @@ class FakeResidentTriton:
             raise BackendUnavailable("The inference backend cannot serve this model right now")
         return np.ones((1, 2))
 
-    async def warm(self, model: str, timeout_s: float) -> str | None:
+    async def warm(self, model: str, timeout_s: float) -> tuple[str | None, list[str]]:
         self.warmed.append(model)
         await asyncio.sleep(min(self.load_s, timeout_s))
         if self.load_s > timeout_s:
-            return "still loading"
+            return "still loading", []
         if self.refuse is None:
             self.loaded.add(model)
-        return self.refuse
+        return self.refuse, []
 
 
 class Unmonitored(Monitors):

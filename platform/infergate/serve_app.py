@@ -21,7 +21,7 @@ from starlette.responses import Response
 from tritonclient.grpc import service_pb2
 
 from infergate.config import FrontendSettings, ServeSettings
-from infergate.control.state import ControlStateLink
+from infergate.control.state import ControlStateLink, Warmed
 from infergate.observe.telemetry import RayTelemetry
 from infergate.protocols import v2_grpc
 from infergate.serving.replica import Replica
@@ -98,12 +98,13 @@ class FrontendDeployment:
         if update is not None:
             warmer.set_resident(*update)
 
-    async def _warm(self, model: str, timeout_s: float) -> str | None:
-        """Ask the control plane to load ``model`` into Triton; None once loaded."""
-        reason: str | None = await self._state.ask(
-            "warm", model, timeout_s, absent="no control plane to load it"
+    async def _warm(self, model: str, timeout_s: float) -> Warmed:
+        """Ask the control plane to load ``model`` into Triton: (None, the Tritons that
+        hold it) once loaded, else (why not, [])."""
+        warmed: Warmed = await self._state.ask(
+            "warm", model, timeout_s, absent=("no control plane to load it", [])
         )
-        return reason
+        return warmed
 
     async def _report_regularly(self) -> None:
         while True:

@@ -74,19 +74,19 @@ def test_many_replicas_waiting_for_one_version_make_one_demand(ray_cluster):
         demanded += ray.get(state.demands.remote(5.0))
     assert sorted(demanded) == ["m__v1", "n__v1"]
     assert ray.get(state.demands.remote(0.2)) == []  # taken once, not again
-    ray.get(state.settle.remote("m__v1", None))
-    ray.get(state.settle.remote("n__v1", "no room"))
-    assert ray.get(waiting, timeout=10) == [None] * 8 + ["no room"]
+    ray.get(state.settle.remote("m__v1", None, ["10.0.0.2:8001"]))
+    ray.get(state.settle.remote("n__v1", "no room", []))
+    assert ray.get(waiting, timeout=10) == [(None, ["10.0.0.2:8001"])] * 8 + [("no room", [])]
     # One that nobody settles in time is told so; its demand stays for the control plane.
-    assert ray.get(state.warm.remote("o__v1", 0.2), timeout=10) == "still loading"
+    assert ray.get(state.warm.remote("o__v1", 0.2), timeout=10) == ("still loading", [])
     assert ray.get(state.demands.remote(1.0)) == ["o__v1"]
     # Replicas' reports: what they used, and what has requests in flight.
     ray.get(state.report.remote("r1", 1, {}, {"m__v1": 2, "n__v1": 0}))
     ages, busy = ray.get(state.usage.remote())
     assert ages["m__v1"] < 5 and busy == ["m__v1"]
-    ray.get(state.set_resident.remote(["m__v1"]))
+    ray.get(state.set_resident.remote({"m__v1": ["10.0.0.2:8001"]}))
     epoch = ray.get(state.current_epoch.remote())
-    assert ray.get(state.get_resident.remote(epoch, 0)) == (1, ["m__v1"])
+    assert ray.get(state.get_resident.remote(epoch, 0)) == (1, {"m__v1": ["10.0.0.2:8001"]})
     assert ray.get(state.get_resident.remote(epoch, 1)) is None
     ray.kill(state)
 

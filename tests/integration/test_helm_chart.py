@@ -850,6 +850,11 @@ def test_a_shared_repository_is_mounted_by_the_control_plane_and_triton():
     args = container(find(manifests, "Deployment", named("triton")))["args"]
     assert {"--model-repository=/models", "--model-control-mode=explicit"} <= set(args)
     assert "--load-model=*" in args  # a pod that starts loads what the folder holds
+    # With a budget the folder holds the versions of every pod, each its own: it starts
+    # empty, and the control plane loads back what it held.
+    values = {**SCENARIOS["shared-repository"], "triton": {"maxLoadedVersions": 3}}
+    args = container(find(render(values), "Deployment", named("triton")))["args"]
+    assert "--load-model=*" not in args
     env = env_of(container(find(manifests, "Deployment", named("control-plane"))))
     assert env["INFERGATE_TRITON__REPOSITORY_DIR"] == "/models"
     claim = find(manifests, "PersistentVolumeClaim", named("models"))

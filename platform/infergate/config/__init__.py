@@ -92,7 +92,7 @@ class TritonSettings(Frozen):
         description="Drive a Triton the platform did not start, at this host (on the ports "
         "above, explicit model control) instead of starting one. Every address the name "
         "resolves to is a Triton of its own (a headless Service's pods): each gets every "
-        "load and unload.",
+        "load and unload, or with a budget (max_loaded_versions) holds a set of its own.",
     )
     repository_dir: Path | None = Field(
         None,

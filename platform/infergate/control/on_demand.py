@@ -2,9 +2,10 @@
 
 It pulls what the front-end replicas asked for from the ``ControlState`` actor, has the
 control plane load each (``ControlPlane.load_on_demand``: one at a time, so two requests
-never load one version twice), answers the replicas waiting, unloads idle versions, and
-publishes which versions are loaded. It holds none of the locks a reconcile waits on,
-so a cold start does not wait for a table change to be adopted.
+never load one version twice), answers the replicas waiting with the Tritons that now
+hold it, unloads idle versions, and publishes which Triton holds which version. It holds
+none of the locks a reconcile waits on, so a cold start does not wait for a table change
+to be adopted.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class OnDemandLoader:
         self.link = link
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._published: list[str] | None = None  # the loaded set _actor was told
+        self._published: dict[str, list[str]] | None = None  # the placement _actor was told
         self._actor: Any = None
         self._metrics: dict[str, Any] = {}
 
@@ -72,13 +73,14 @@ class OnDemandLoader:
         ages, busy = ray.get(state.usage.remote(), timeout=CALL_TIMEOUT_S)
         self.plane.note_usage(ages, set(busy))
         for model in demands:
-            state.settle.remote(model, self._load(model))
+            reason = self._load(model)
+            state.settle.remote(model, reason, self.plane.placement().get(model, []))
         self.plane.unload_idle()
-        loaded = sorted(self.plane.residency.loaded)
-        if loaded != self._published:
-            ray.get(state.set_resident.remote(loaded), timeout=CALL_TIMEOUT_S)
-            self._published = loaded
-        self._gauge(LOADED_VERSIONS).set(len(loaded))
+        placement = self.plane.placement()
+        if placement != self._published:
+            ray.get(state.set_resident.remote(placement), timeout=CALL_TIMEOUT_S)
+            self._published = placement
+        self._gauge(LOADED_VERSIONS).set(self.plane.residency.fullest)
 
     def _load(self, model: str) -> str | None:
         """Load ``model``; None once loaded, else why not (said to the client: no

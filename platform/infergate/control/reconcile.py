@@ -14,6 +14,8 @@ With a budget of loaded versions or idle unloads (``infergate.control.residency`
 version that is served need not be loaded: a new version is still loaded once (so a
 version Triton cannot load never gets traffic), after the least recently used ones made
 room, and may be unloaded later; ``load_on_demand`` loads it again when a request asks.
+With several Tritons the budget holds per Triton: such a version is loaded on one of
+them (``Placement.choose``), and the replicas are told which (``placement``).
 Triton's loads and unloads, and the residency's record of them, happen under
 ``residency_lock``, never under a reconcile's wait for the replicas.
 """
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infergate import tasks
-from infergate.control.residency import Residency, protected
+from infergate.control.residency import Placement, protected
 from infergate.errors import BackendUnavailable, InfergateError, ModelNotFound, RegistrationError
 from infergate.registry import Registry
 from infergate.serving.loader import load_version
@@ -66,7 +68,7 @@ class ControlPlane:
         deploy: Callable[[list[ServedVersion]], None],
         desired: Callable[[], list[ServedVersion]],
         on_load_failure: Callable[[ServedVersion, str], None] = lambda version, reason: None,
-        residency: Residency | None = None,
+        residency: Placement | None = None,
         on_residency: Callable[[str, str, float], None] = lambda model, event, seconds: None,
     ) -> None:
         """``residency``: the budget of loaded versions (none by default: every served
@@ -82,15 +84,27 @@ class ControlPlane:
         self.serving: dict[str, ServedVersion] = {}
         self.held_back: set[str] = set()  # new versions waiting on Triton or the disk
         self._deployed = False
-        self.residency = residency or Residency(clock=time.monotonic)
+        self.residency = residency or Placement(clock=time.monotonic)
         self.on_residency = on_residency
         self.residency_lock = threading.RLock()
         self.busy: set[str] = set()  # Triton models with requests in flight at a replica
         self._files: dict[str, ModelFiles] = {}  # what reloads a version unloaded
 
     def lacking(self) -> dict[str, list[str]]:
-        """Loaded versions some Triton has not ready, with those Tritons (by address)."""
-        return self.fleet.missing(m for m in self.serving if m in self.residency.loaded)
+        """Versions some Triton should hold and has not ready, with those Tritons (by
+        address). Without a budget every Triton holds every served version (a new pod
+        gets them all); with one, each holds what was loaded into it."""
+        if not self.residency.managed:
+            return self.fleet.missing(lambda triton: self.serving)
+        with self.residency_lock:
+            self.residency.keep(self.fleet.endpoints())
+            holds = {t: self.residency.holds(t) & set(self.serving) for t in self.residency.tritons}
+        return self.fleet.missing(lambda triton: holds.get(triton, ()))
+
+    def placement(self) -> dict[str, list[str]]:
+        """Each loaded version and the Tritons (``host:port``) that hold it."""
+        with self.residency_lock:
+            return self.residency.loaded
 
     def reconcile(self) -> ReconcileResult:
         result = ReconcileResult()
@@ -108,12 +122,12 @@ class ControlPlane:
                 try:
                     with self.residency_lock:
                         if new:  # a version to be judged is loaded, within the budget
-                            self._make_room(model, desired)
-                        # else only if still loaded: ``lacking`` may have looked while it
-                        # was being unloaded (for room, or idle).
-                        if new or model in self.residency.loaded:
-                            self._load(version, model, only=None if new else lacking[model])
-                            self.residency.did_load(model)
+                            where = self._make_room(model, desired)
+                        else:
+                            where = self._still_held(model, lacking[model])
+                        if where is None or where:
+                            self._load(version, model, only=where)
+                            self._did_load(model, where)
                             loaded = True
                 except Exception as exc:
                     if new and _of_the_place(exc):
@@ -206,7 +220,7 @@ class ControlPlane:
         return None
 
     def _load(self, version: ServedVersion, model: str, only: list[str] | None) -> None:
-        """Load ``version`` into every Triton, or the ``only`` ones that lost it."""
+        """Load ``version`` into every Triton, or the ``only`` ones (by address)."""
         try:
             # What every front-end replica loads, read here first: a version they could not
             # load must not reach their table (its model would answer 503 until it left).
@@ -259,16 +273,16 @@ class ControlPlane:
             if version is None:
                 raise ModelNotFound(f"{model} is not served")
             self.residency.used([model])
-            if model in self.residency.loaded:
+            if self.residency.holders(model):
                 return 0.0
             start = time.perf_counter()
-            self._make_room(model, list(self.serving.values()))
+            where = self._make_room(model, list(self.serving.values()))
             files = self._files.get(model)
             if files is None:
-                self._load(version, model, only=None)
+                self._load(version, model, only=where)
             else:
-                self.fleet.load(files)
-            self.residency.did_load(model)
+                self.fleet.load(files, only=where)
+            self._did_load(model, where)
             seconds = time.perf_counter() - start
         log.info("loaded %s on demand in %.2f s, making room included", model, seconds)
         self.on_residency(model, "demand", seconds)
@@ -284,19 +298,43 @@ class ControlPlane:
         """Unload the versions unused for ``triton.idle_unload_s``; those unloaded."""
         with self.residency_lock:
             idle = self.residency.idle(busy=self.busy, protected=protected(self.serving.values()))
-            for model in idle:
-                self._unload(model, "idle")
-        return idle
+            for triton, model in idle:
+                self._unload(model, triton, "idle")
+        return [model for _triton, model in idle]
 
-    def _make_room(self, model: str, served: list[ServedVersion]) -> None:
+    def _make_room(self, model: str, served: list[ServedVersion]) -> list[str] | None:
+        """Where to load ``model``, room made there: every Triton (None) without a budget
+        or idle unloads; else the Tritons that hold it (a version registered again is
+        reloaded in place), or the one ``Placement.choose`` picks among those answering."""
+        if not self.residency.managed:
+            return None
+        tritons = self.fleet.endpoints()
+        self.residency.keep(tritons)
+        held = self.residency.holders(model)
+        if held:
+            return held
+        answering = [url for url, control in tritons.items() if control.server_ready()]
         guarded = protected([*served, *self.serving.values()])
-        for victim in self.residency.make_room(model, busy=self.busy, protected=guarded):
-            self._unload(victim, "room")
+        triton, victims = self.residency.choose(model, answering, busy=self.busy, protected=guarded)
+        for victim in victims:
+            self._unload(victim, triton, "room")
+        return [triton]
 
-    def _unload(self, model: str, why: str) -> None:
-        log.info("unloading %s from Triton (%s)", model, why)
-        self.fleet.unload(model)
-        self.residency.did_unload(model)
+    def _still_held(self, model: str, lacking: list[str]) -> list[str]:
+        """Of the Tritons ``lacking`` ``model``, those that should still hold it: with a
+        budget, ``lacking`` may have looked while it was being unloaded (room, idle)."""
+        if not self.residency.managed:
+            return lacking
+        held = self.residency.holders(model)
+        return [triton for triton in lacking if triton in held]
+
+    def _did_load(self, model: str, where: list[str] | None) -> None:
+        self.residency.did_load(model, self.fleet.endpoints() if where is None else where)
+
+    def _unload(self, model: str, triton: str, why: str) -> None:
+        log.info("unloading %s from the Triton at %s (%s)", model, triton, why)
+        self.fleet.unload(model, only=[triton])
+        self.residency.did_unload(model, triton)
         self.on_residency(model, why, 0.0)
 
 

@@ -8,6 +8,11 @@ used versions first, and unloads a version nobody asked for within
 flight (its answers would fail), and a protected one: a canary under analysis and its
 champion, whose comparison must not be skewed by cold starts.
 
+With several Tritons (a fleet), the budget holds per Triton: ``Placement`` keeps a
+``Residency`` for each, a version is loaded on one of them when asked for (one with room,
+else the one whose version to go has been unused longest), and replicas send its
+requests to the Tritons that hold it. Without a budget every Triton holds every version.
+
 Nothing here talks to Triton; ``ControlPlane`` (``infergate.control.reconcile``) does
 the loads and unloads this decides, and tells it what happened. The clock is injected.
 """
@@ -105,6 +110,108 @@ class Residency:
             if m not in busy and m not in protected and self.last_used.get(m, limit) <= limit
         ]
         return sorted(idle, key=lambda m: (self.last_used.get(m, limit), m))
+
+
+@dataclass
+class Placement:
+    """Which Triton (by ``host:port``) holds which versions: a ``Residency`` for each,
+    all with the same budget; a version's last use is shared (replicas report it by
+    version, wherever it ran)."""
+
+    budget: int | None = None
+    idle_unload_s: float | None = None
+    clock: Callable[[], float] = time.monotonic
+    tritons: dict[str, Residency] = field(default_factory=dict)
+
+    @property
+    def managed(self) -> bool:
+        return self.budget is not None or self.idle_unload_s is not None
+
+    def of(self, triton: str) -> Residency:
+        """``triton``'s residency, empty for a Triton not seen before."""
+        if triton not in self.tritons:
+            self.tritons[triton] = Residency(self.budget, self.idle_unload_s, self.clock)
+        return self.tritons[triton]
+
+    def keep(self, tritons: Iterable[str]) -> list[str]:
+        """Only ``tritons`` answer now: forget what the others held (a pod that went
+        away); those forgotten."""
+        gone = sorted(set(self.tritons) - set(tritons))
+        for triton in gone:
+            del self.tritons[triton]
+        return gone
+
+    def holders(self, model: str) -> list[str]:
+        return sorted(t for t, r in self.tritons.items() if model in r.loaded)
+
+    def holds(self, triton: str) -> set[str]:
+        residency = self.tritons.get(triton)
+        return set() if residency is None else set(residency.loaded)
+
+    @property
+    def loaded(self) -> dict[str, list[str]]:
+        """Each loaded version and the Tritons that hold it."""
+        return {m: self.holders(m) for m in sorted(set().union(*map(self.holds, self.tritons)))}
+
+    @property
+    def fullest(self) -> int:
+        """The most versions one Triton holds (at most the budget)."""
+        return max((len(r.loaded) for r in list(self.tritons.values())), default=0)
+
+    def used(self, models: Iterable[str]) -> None:
+        models = list(models)
+        for residency in self.tritons.values():
+            residency.used(models)
+
+    def seen(self, ages: dict[str, float]) -> None:
+        for residency in self.tritons.values():
+            residency.seen(ages)
+
+    def did_load(self, model: str, tritons: Iterable[str]) -> None:
+        for triton in tritons:
+            self.of(triton).did_load(model)
+
+    def did_unload(self, model: str, triton: str) -> None:
+        self.of(triton).did_unload(model)
+
+    def forget(self, model: str) -> None:
+        for residency in self.tritons.values():
+            residency.forget(model)
+
+    def choose(
+        self, model: str, tritons: Iterable[str], *, busy: set[str], protected: set[str]
+    ) -> tuple[str, list[str]]:
+        """Where to load ``model``, and what to unload there first: a Triton with room
+        (the emptiest), else the one whose versions to go were used least recently.
+
+        Raises:
+            NoRoom: on every Triton, the versions that would have to go are busy or
+                protected (or there is no Triton).
+        """
+        options: list[tuple[tuple[int, float, str], str, list[str]]] = []
+        refused: NoRoom | None = None
+        for triton in sorted(tritons):
+            residency = self.of(triton)
+            try:
+                victims = residency.make_room(model, busy=busy, protected=protected)
+            except NoRoom as exc:
+                refused = exc
+                continue
+            newest = max((residency.last_used.get(v, float("-inf")) for v in victims), default=0.0)
+            rank = (len(victims), newest, triton) if victims else (0, len(residency.loaded), triton)
+            options.append((rank, triton, victims))
+        if not options:
+            raise refused or NoRoom("no Triton answers to load it into")
+        _rank, triton, victims = min(options)
+        return triton, victims
+
+    def idle(self, *, busy: set[str], protected: set[str]) -> list[tuple[str, str]]:
+        """``(triton, model)`` for each version unused for ``idle_unload_s`` there."""
+        return [
+            (triton, model)
+            for triton, residency in sorted(self.tritons.items())
+            for model in residency.idle(busy=busy, protected=protected)
+        ]
 
 
 def protected(served: Iterable[ServedVersion]) -> set[str]:

@@ -22,7 +22,7 @@ from infergate.config import StackConfig
 from infergate.control.admin import AdminApi, AdminServer, check_exposure
 from infergate.control.on_demand import OnDemandLoader
 from infergate.control.reconcile import ControlPlane
-from infergate.control.residency import Residency
+from infergate.control.residency import Placement
 from infergate.control.rollouts import Rollouts
 from infergate.control.webhooks import register_webhook
 from infergate.control.windows import StepWindows
@@ -80,7 +80,7 @@ class ControlService:
             deploy=self._deploy,
             desired=self.rollouts.desired,
             on_load_failure=self._load_failed,
-            residency=Residency(config.triton.budget, config.triton.idle_unload_s, clock),
+            residency=Placement(config.triton.budget, config.triton.idle_unload_s, clock),
         )
         self.admin: AdminServer | None = None
         self.on_demand: OnDemandLoader | None = None

@@ -25,9 +25,10 @@ such a handle and looks the actor up again (the control plane creates it afresh)
 
 Loading on demand (``infergate.control.residency``) meets here too. A replica that needs
 a version Triton does not have calls ``warm``, which waits until the control plane,
-pulling ``demands``, has loaded it and said so with ``settle``: one load however many
-replicas and requests wait. The control plane publishes which versions are loaded
-(``set_resident``; replicas pull ``resident`` with the table), and replicas report which
+pulling ``demands``, has loaded it and said so with ``settle``, naming the Tritons that
+hold it now: one load however many replicas and requests wait. The control plane
+publishes which Triton holds which version (``set_resident``; replicas pull it with the
+table, and send each version's requests to a Triton that holds it), and replicas report which
 versions they used and which have requests in flight (``report``'s ``activity``), which
 ``usage`` hands the control plane for its least-recently-used order. A restart loses
 the waiting calls; Ray retries them on the new actor, whose demands start empty.
@@ -53,7 +54,9 @@ from ray.util.scheduling_strategies import (
 # The name carries the actor's protocol (its methods and what they return): a cluster kept
 # running through an upgrade gets a new actor beside the old one's leftovers instead of
 # calling an actor of the previous release with this release's methods.
-PROTOCOL = 3  # 2: epochs (table(epoch, known), publish returns (epoch, version)); 3: warm
+# 2: epochs (table(epoch, known), publish returns (epoch, version)); 3: warm; 4: which
+# Triton holds each version (warm and get_resident)
+PROTOCOL = 4
 STATE_ACTOR = f"infergate-control-v{PROTOCOL}"
 log = logging.getLogger(__name__)
 STATE_NAMESPACE = "infergate"
@@ -61,6 +64,8 @@ REPLICA_SILENT_AFTER_S = 10.0  # a replica not heard from for this long is gone
 
 
 Table = tuple[str, int, list[dict[str, Any]]]  # epoch, version, served versions
+Warmed = tuple[str | None, list[str]]  # why not loaded (None: it is), the Tritons holding it
+Placement = dict[str, list[str]]  # each loaded version: the Tritons (host:port) holding it
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -73,10 +78,10 @@ class ControlState:
         self.served: list[dict[str, Any]] = []
         self.reports: dict[str, tuple[float, int, dict[str, dict]]] = {}
         # Load on demand: what replicas wait for, what the control plane has not taken yet.
-        self._waiting: dict[str, asyncio.Future[str | None]] = {}
+        self._waiting: dict[str, asyncio.Future[Warmed]] = {}
         self._demanded: dict[str, None] = {}  # in order of arrival
         self._demand = asyncio.Event()
-        self.resident: tuple[int, list[str]] = (0, [])
+        self.resident: tuple[int, Placement] = (0, {})
         self._last_used: dict[str, float] = {}
         self._busy: dict[str, tuple[float, set[str]]] = {}  # by replica
 
@@ -124,9 +129,10 @@ class ControlState:
 
     # -- load on demand -------------------------------------------------------------------
 
-    async def warm(self, model: str, timeout_s: float) -> str | None:
-        """Wait until the control plane loaded Triton model ``model`` (None), said why it
-        cannot (the reason), or ``timeout_s`` passed ("still loading")."""
+    async def warm(self, model: str, timeout_s: float) -> Warmed:
+        """Wait until the control plane loaded Triton model ``model`` (no reason, and the
+        Tritons that hold it), said why it cannot (the reason), or ``timeout_s`` passed
+        ("still loading")."""
         self._last_used[model] = time.monotonic()
         waiting = self._waiting.get(model)
         if waiting is None:
@@ -136,7 +142,7 @@ class ControlState:
         try:
             return await asyncio.wait_for(asyncio.shield(waiting), timeout_s)
         except asyncio.TimeoutError:
-            return "still loading"
+            return "still loading", []
 
     async def demands(self, wait_s: float) -> list[str]:
         """The Triton models replicas asked for since the last call, once there is one
@@ -150,19 +156,21 @@ class ControlState:
         demanded, self._demanded = list(self._demanded), {}
         return demanded
 
-    def settle(self, model: str, reason: str | None) -> None:
-        """``model`` is loaded (``reason`` None), or cannot be now: answer who waits."""
+    def settle(self, model: str, reason: str | None, holders: list[str]) -> None:
+        """``model`` is loaded in the ``holders`` (``reason`` None), or cannot be now:
+        answer who waits."""
         waiting = self._waiting.pop(model, None)
         if waiting is not None and not waiting.done():
-            waiting.set_result(reason)
+            waiting.set_result((reason, holders))
 
-    def set_resident(self, models: list[str]) -> None:
-        """The versions loaded in Triton now, by Triton model name."""
-        self.resident = (self.resident[0] + 1, sorted(models))
+    def set_resident(self, placement: Placement) -> None:
+        """The versions loaded in Triton now (by Triton model name), each with the Tritons
+        that hold it."""
+        self.resident = (self.resident[0] + 1, dict(sorted(placement.items())))
 
-    def get_resident(self, epoch: str, known: int) -> tuple[int, list[str]] | None:
-        """The loaded versions if newer than version ``known`` of ``epoch`` (or of any
-        other epoch, once set in this one); None otherwise."""
+    def get_resident(self, epoch: str, known: int) -> tuple[int, Placement] | None:
+        """The placement if newer than version ``known`` of ``epoch`` (or of any other
+        epoch, once set in this one); None otherwise."""
         version = self.resident[0]
         newer = version > known if epoch == self.epoch else version > 0
         return self.resident if newer else None

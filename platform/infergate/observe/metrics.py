@@ -225,7 +225,7 @@ EVICTIONS = Metric(
     ("reason",),
 )
 LOADED_VERSIONS = Metric(
-    "loaded_versions", "gauge", "Served versions loaded in each Triton now.", ()
+    "loaded_versions", "gauge", "Served versions loaded in the fullest Triton now.", ()
 )  # fmt: skip
 RESIDENCY = (COLD_STARTS, LOAD_DURATION, EVICTIONS, LOADED_VERSIONS)
 

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -32,12 +32,13 @@ from infergate.observe.payloads import PayloadLog, open_payload_log
 from infergate.observe.telemetry import Telemetry
 from infergate.protocols.frontend import Frontend
 from infergate.serving.access import Access
-from infergate.serving.batching import Backend, BatchingBackend
+from infergate.serving.batching import BatchingBackend
 from infergate.serving.loader import load_version
 from infergate.serving.mirror import Mirror
 from infergate.serving.redaction import Redactor
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import Counted, ModelRuntime, drain
+from infergate.serving.tritons import TritonChannel, Tritons
 from infergate.serving.warming import Warm, Warmer
 from infergate.versions import (
     CHAMPION,
@@ -52,15 +53,6 @@ CLOSE_POLL_S = 1.0  # how often a replaced Triton channel is checked for calls s
 RETRY_S = 5.0  # how often a version of the table this replica could not load is tried again
 
 Key = tuple[str, str]  # (model name, version)
-
-
-class TritonChannel(Backend, Protocol):
-    """What ``connect`` opens: a Triton client for one address and deadline."""
-
-    url: str
-    timeout_s: float
-
-    async def close(self) -> None: ...
 
 
 Loader = Callable[[ServedVersion, "Registry", Path], ModelRuntime]
@@ -95,7 +87,7 @@ class Replica:
         self.access = Access(None)  # API keys and their buckets: they outlive tables
         self.uploads = SlowUploads(FrontendSettings().max_slow_uploads)
         self.frontend: Frontend | None = None
-        self.triton: TritonChannel | None = None
+        self.triton: Tritons | None = None
         self.backend: BatchingBackend | None = None
         self.loaded: dict[Key, ModelRuntime] = {}
         self.served: list[ServedVersion] = []
@@ -137,8 +129,10 @@ class Replica:
         ):
             if triton is not None and self.backend is not None:
                 self._close_later(self.backend, triton)
-            triton = self.triton = self._connect(
-                settings.triton_grpc_url, settings.triton_timeout_s
+            triton = self.triton = Tritons(
+                self._connect(settings.triton_grpc_url, settings.triton_timeout_s),
+                self._connect,
+                lambda model: self.warmer.holders.get(model, ()),
             )
         # Calls in flight finish on the batcher they left from.
         self.backend = BatchingBackend.from_settings(triton, settings)
@@ -163,8 +157,8 @@ class Replica:
             None,
         )  # fmt: skip
 
-    def _close_later(self, batcher: BatchingBackend, replaced: TritonChannel) -> None:
-        """Close a replaced Triton channel once ``batcher``, the last to call it, is idle:
+    def _close_later(self, batcher: BatchingBackend, replaced: Tritons) -> None:
+        """Close replaced Triton channels once ``batcher``, the last to call it, is idle:
         requests that began before the switch still finish on it (closing cancels calls)."""
 
         async def close() -> None:

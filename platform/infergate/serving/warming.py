@@ -2,12 +2,14 @@
 
 With a budget of loaded versions or idle unloads (``triton.max_loaded_versions``,
 ``triton.idle_unload_s``) the control plane loads versions when asked; ``Warmer`` is the
-asking side. It knows which versions the control plane said are loaded (``resident``,
-pulled with the traffic table), notes which versions this replica used since its last
-report (``take_used``: the control plane's least-recently-used order and in-flight
-guard come from these), and turns a request for a version that is not loaded into one
-request to the control plane however many requests wait for it here. The control plane
-itself loads each version once however many replicas ask (``infergate.control.state``).
+asking side. It knows which versions the control plane said are loaded, and in which
+Triton (``resident``, ``holders``: pulled with the traffic table, and told with each load
+it asked for; ``Tritons`` sends a version's calls there). It notes which versions this
+replica used since its last report (``take_used``: the control plane's least recently
+used order and in-flight guard come from these), and turns a request for a version that
+is not loaded into one request to the control plane however many requests wait for it
+here. The control plane itself loads each version once however many replicas ask
+(``infergate.control.state``).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from collections.abc import Awaitable, Callable
 
 from infergate.errors import ColdStartTimeout
 
-# Asks the control plane to load a Triton model and waits at most the given seconds;
-# None once it is loaded, else why it is not (the control plane's words).
-Warm = Callable[[str, float], Awaitable[str | None]]
+# Asks the control plane to load a Triton model and waits at most the given seconds:
+# (None, the Tritons that hold it) once it is loaded, else (why not, []) in the control
+# plane's words.
+Warm = Callable[[str, float], Awaitable[tuple[str | None, list[str]]]]
 
 
 class Warmer:
@@ -38,6 +41,9 @@ class Warmer:
         self._clock = clock
         self.resident: frozenset[str] | None = None  # None: not heard yet
         self.resident_version = 0
+        # The Tritons (host:port) that hold each loaded version; a version absent goes
+        # to the configured Triton address.
+        self.holders: dict[str, tuple[str, ...]] = {}
         self._used: set[str] = set()
         self._asking: dict[str, asyncio.Future[None]] = {}
 
@@ -58,8 +64,10 @@ class Warmer:
         used, self._used = self._used, set()
         return sorted(used)
 
-    def set_resident(self, version: int, models: list[str]) -> None:
-        self.resident_version, self.resident = version, frozenset(models)
+    def set_resident(self, version: int, placement: dict[str, list[str]]) -> None:
+        """The control plane's ``version`` of which Tritons hold which loaded version."""
+        self.resident_version, self.resident = version, frozenset(placement)
+        self.holders = {model: tuple(tritons) for model, tritons in placement.items()}
 
     async def load(self, model: str) -> float:
         """Wait until the control plane has loaded ``model``; the seconds waited.
@@ -90,9 +98,11 @@ class Warmer:
 
     async def _ask(self, model: str) -> None:
         assert self._warm is not None
-        reason = await self._warm(model, self.timeout_s)
+        reason, holders = await self._warm(model, self.timeout_s)
         if reason is not None:
             raise ColdStartTimeout(f"the model version cannot be loaded now: {reason}")
+        if holders:
+            self.holders = {**self.holders, model: tuple(holders)}
 
     def _forget(self, model: str, done: asyncio.Future[None]) -> None:
         if self._asking.get(model) is done:

@@ -1,14 +1,15 @@
-"""The Tritons the control plane keeps every served version loaded in.
+"""The Tritons the control plane keeps served versions loaded in.
 
 Its own Triton on this machine, or one it did not start: every address the configured
-host resolves to (a Kubernetes headless Service's pods) is a Triton of its own, and gets
-every load and unload. A version reaches a Triton through a repository folder both can
+host resolves to (a Kubernetes headless Service's pods) is a Triton of its own. Without
+a budget of loaded versions each gets every load and unload; with one, the control
+plane names the Triton (``only``). A version reaches a Triton through a repository folder both can
 read, or, where there is none (another machine, an empty pod), with the load request
 itself: Triton's repository API takes the model's config and files along
 (``ModelFiles.load_request``).
 
-``missing`` asks each Triton what it has ready, so a Triton that restarted empty, or a
-new pod, is found and loaded again by the next reconcile.
+``missing`` asks each Triton whether it has ready what it should hold, so a Triton that
+restarted empty, or a new pod, is found and loaded again by the next reconcile.
 """
 
 from __future__ import annotations
@@ -167,23 +168,26 @@ class TritonFleet:
             except InfergateError as exc:
                 log.warning("could not unload %s from Triton at %s: %s", model, url, exc)
 
-    def unload(self, model: str) -> None:
-        """Unload ``model`` from every Triton that answers; one that does not has lost it
-        anyway if it restarts, and keeps it otherwise (harmless, but said)."""
-        self._unload_from(model, self.endpoints())
-        if self.repository is not None:
+    def unload(self, model: str, only: Iterable[str] | None = None) -> None:
+        """Unload ``model`` from every Triton that answers (or the ``only`` ones); one
+        that does not has lost it anyway if it restarts, and keeps it otherwise
+        (harmless, but said). Its files leave the shared repository once no Triton
+        is to hold it."""
+        endpoints = self.endpoints()
+        targets = endpoints if only is None else {u: endpoints[u] for u in only if u in endpoints}
+        self._unload_from(model, targets)
+        if self.repository is not None and targets.keys() >= endpoints.keys():
             remove_model(self.repository, model)
 
-    def missing(self, models: Iterable[str]) -> dict[str, list[str]]:
-        """Those of ``models`` some Triton that answers has not ready (it restarted empty,
-        or is a new pod), with those Tritons. Asked model by model: a model loaded with
-        its files in the request is in no repository index."""
-        wanted = sorted(set(models))
+    def missing(self, holds: Callable[[str], Iterable[str]]) -> dict[str, list[str]]:
+        """The versions some Triton that answers should hold (``holds(host_port)``) and
+        has not ready (it restarted empty, or is a new pod), with those Tritons. Asked
+        model by model: a model loaded with its files in the request is in no repository
+        index."""
         lacking: dict[str, list[str]] = {}
-        if not wanted:
-            return lacking
         for url, control in self.endpoints().items():
-            if not control.server_ready():  # away: nothing can be loaded into it now
+            wanted = sorted(set(holds(url)))
+            if not wanted or not control.server_ready():  # away: nothing to load it into
                 continue
             for model in wanted:
                 if not control.is_ready(model):

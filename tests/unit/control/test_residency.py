@@ -8,7 +8,7 @@ tests/e2e/test_many_models.py.
 import pytest
 from test_reconcile import Plane, version
 
-from infergate.control.residency import NoRoom, Residency, protected
+from infergate.control.residency import NoRoom, Placement, Residency, protected
 from infergate.versions import CANARY, CHAMPION
 
 
@@ -100,7 +100,7 @@ def test_a_canary_and_its_champion_are_protected_other_models_not():
 def budgeted(tmp_path, budget: int, names: list[str]) -> tuple[Plane, Clock]:
     plane = Plane(tmp_path, [version("1", name=name) for name in names])
     clock = Clock()
-    plane.residency = Residency(budget, None, clock)
+    plane.residency = Placement(budget, None, clock)
     events: list[tuple[str, str]] = []
     plane.on_residency = lambda model, event, seconds: events.append((model, event))
     plane.events = events  # type: ignore[attr-defined]
@@ -183,6 +183,6 @@ def test_a_version_unloaded_while_a_reconcile_looked_is_not_loaded_back(tmp_path
     # The check saw a missing from Triton while it was being unloaded for room; by the
     # time the reconcile may load, the residency says it is out: it stays out.
     plane.lacking = lambda: {"a__v1": ["10.0.0.1:8101"]}
-    plane._unload("a__v1", "room")
+    plane._unload("a__v1", "10.0.0.1:8101", "room")
     result = plane.reconcile()
     assert result.loaded == [] and plane.triton.ready == {"b__v1"}

@@ -22,7 +22,7 @@ def test_a_replaced_triton_channel_is_closed_once_its_batcher_is_idle(monkeypatc
     async def scenario() -> tuple[bool, bool, Replica]:
         replica = Replica(NullTelemetry(), connect=FakeTritonBackend)
         replica.configure(FrontendSettings(triton_grpc_url="127.0.0.1:1"))
-        replaced, batcher = replica.backend.backend, replica.backend
+        replaced, batcher = replica.backend.backend.default, replica.backend
         replica.configure(FrontendSettings(triton_grpc_url="127.0.0.1:2"))
         batcher._tasks.add(asyncio.get_running_loop().create_future())  # a call still out
         await asyncio.sleep(0.05)
@@ -33,7 +33,8 @@ def test_a_replaced_triton_channel_is_closed_once_its_batcher_is_idle(monkeypatc
 
     while_busy, closed, replica = asyncio.run(scenario())
     assert (while_busy, closed) == (False, True)
-    assert replica.backend.backend.url == "127.0.0.1:2" and not replica.backend.backend.closed
+    assert replica.backend.backend.url == "127.0.0.1:2"
+    assert not replica.backend.backend.default.closed
     assert replica._closing == set()
 
 
@@ -231,8 +232,8 @@ def test_the_payload_log_outlives_tables_and_is_replaced_with_its_settings(tmp_p
 
 
 def test_load_on_demand_follows_the_settings_and_the_warmer_outlives_tables(tmp_path):
-    async def warm(model: str, timeout_s: float) -> str | None:
-        return None
+    async def warm(model: str, timeout_s: float) -> tuple[str | None, list[str]]:
+        return None, []
 
     replica = Replica(
         NullTelemetry(), connect=FakeTritonBackend, load=lambda v, *_: Runtime(v), warm=warm

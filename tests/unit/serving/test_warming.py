@@ -37,7 +37,7 @@ def test_many_requests_for_a_cold_version_make_one_load_and_all_get_answers():
     async def scenario():
         triton = FakeResidentTriton("hot__v1", load_s=0.5)  # long: the hot call is done first
         warmer = Warmer(triton.warm, timeout_s=5)
-        warmer.set_resident(1, ["hot__v1"])
+        warmer.set_resident(1, {"hot__v1": ["t:1"]})
         path = path_of(triton, warmer, "hot", "cold")
         cold = [asyncio.create_task(ask(path, "cold")) for _ in range(20)]
         await asyncio.sleep(0.01)
@@ -58,7 +58,7 @@ def test_a_version_unloaded_behind_the_replicas_back_is_loaded_again():
     async def scenario():
         triton = FakeResidentTriton()
         warmer = Warmer(triton.warm, timeout_s=5)
-        warmer.set_resident(3, ["m__v1"])  # the word is stale: Triton unloaded it since
+        warmer.set_resident(3, {"m__v1": ["t:1"]})  # the word is stale: Triton unloaded it since
         answer = await ask(path_of(triton, warmer, "m"), "m")
         assert answer.cold_start_s > 0 and triton.warmed == ["m__v1"]
         assert triton.calls == ["m__v1", "m__v1"]  # failed, then answered
@@ -69,7 +69,7 @@ def test_a_version_unloaded_behind_the_replicas_back_is_loaded_again():
 def test_a_load_past_the_deadline_or_refused_is_a_503_with_retry_after():
     async def scenario(triton: FakeResidentTriton, timeout_s: float) -> ColdStartTimeout:
         warmer = Warmer(triton.warm, timeout_s=timeout_s)
-        warmer.set_resident(1, [])
+        warmer.set_resident(1, {})
         with pytest.raises(ColdStartTimeout) as raised:
             await ask(path_of(triton, warmer, "m"), "m")
         return raised.value
@@ -95,7 +95,7 @@ def test_without_load_on_demand_nothing_is_asked_and_unavailable_stays_a_503():
 def test_the_answer_says_how_long_the_cold_start_took_and_the_list_what_is_loaded():
     triton = FakeResidentTriton("hot__v1", load_s=0.02)
     warmer = Warmer(triton.warm, timeout_s=5)
-    warmer.set_resident(1, ["hot__v1"])
+    warmer.set_resident(1, {"hot__v1": ["t:1"]})
     models = {
         name: ServedModel(name, "text-classification", (FakeVersion(name, calls_backend=True),))  # type: ignore[arg-type]
         for name in ("hot", "cold")
@@ -124,7 +124,9 @@ def test_a_version_that_loads_on_demand_is_ready_without_being_loaded_for_the_ch
 
     triton = FakeResidentTriton("hot__v1")
     warmer = Warmer(triton.warm, timeout_s=5)
-    warmer.set_resident(1, ["hot__v1", "gone__v1"])  # gone: Triton lost it, the word is stale
+    warmer.set_resident(
+        1, {"hot__v1": ["t:1"], "gone__v1": ["t:1"]}
+    )  # gone: Triton lost it, the word is stale
     models = {
         name: ServedModel(name, "text-classification", (FakeVersion(name, calls_backend=True),))  # type: ignore[arg-type]
         for name in ("hot", "cold", "gone")

@@ -9,30 +9,11 @@ import json
 
 import pytest
 
-from fakes import FakeTritonControl
+from fakes import FakePods as Pods
 from infergate.config import TritonSettings
 from infergate.errors import BackendUnavailable
-from infergate.triton.fleet import PROBE_MODEL, TritonFleet, resolve
+from infergate.triton.fleet import PROBE_MODEL, resolve
 from infergate.triton.repository import model_files
-
-
-class Pods:
-    """The Tritons behind a name, as a headless Service resolves it."""
-
-    def __init__(self, *addresses: str, native: bool = False) -> None:
-        self.addresses = list(addresses)
-        self.tritons: dict[str, FakeTritonControl] = {}
-        self.native = native
-
-    def connect(self, url: str) -> FakeTritonControl:
-        self.tritons[url] = FakeTritonControl(url, self.native)
-        return self.tritons[url]
-
-    def fleet(self, repository=None, **settings) -> TritonFleet:
-        settings = TritonSettings(external_host="triton-headless", **settings)
-        return TritonFleet(
-            settings, repository, connect=self.connect, resolve=lambda host: self.addresses
-        )
 
 
 @pytest.fixture
@@ -72,13 +53,13 @@ def test_a_pod_that_lost_its_versions_is_found_and_only_it_is_loaded_again(versi
     pods = Pods("10.1.0.5", "10.1.0.6")
     fleet = pods.fleet()
     fleet.load(version_files)
-    assert fleet.missing(["m__v1"]) == {}
+    assert fleet.missing(lambda triton: ["m__v1"]) == {}
     pods.tritons["10.1.0.6:8101"].ready.clear()  # it restarted, empty
     pods.addresses.append("10.1.0.7")  # and a new pod came up
-    assert fleet.missing(["m__v1"]) == {"m__v1": ["10.1.0.6:8101", "10.1.0.7:8101"]}
+    assert fleet.missing(lambda triton: ["m__v1"]) == {"m__v1": ["10.1.0.6:8101", "10.1.0.7:8101"]}
     fleet.load(version_files, only=["10.1.0.6:8101", "10.1.0.7:8101"])
     assert [len(pods.tritons[u].requests) for u in sorted(pods.tritons)] == [1, 2, 1]
-    assert fleet.missing(["m__v1"]) == {}
+    assert fleet.missing(lambda triton: ["m__v1"]) == {}
 
 
 def test_a_triton_that_does_not_answer_is_not_counted_as_lacking(version_files):
@@ -88,9 +69,9 @@ def test_a_triton_that_does_not_answer_is_not_counted_as_lacking(version_files):
     fleet.load(version_files)
     away = pods.tritons["10.1.0.6:8101"]
     away.up, away.ready = False, set()
-    assert fleet.missing(["m__v1"]) == {} and not fleet.ready()
+    assert fleet.missing(lambda triton: ["m__v1"]) == {} and not fleet.ready()
     away.up = True
-    assert fleet.missing(["m__v1"]) == {"m__v1": ["10.1.0.6:8101"]} and fleet.ready()
+    assert fleet.missing(lambda triton: ["m__v1"]) == {"m__v1": ["10.1.0.6:8101"]} and fleet.ready()
 
 
 def test_a_pod_that_went_away_is_let_go(version_files):
@@ -185,3 +166,15 @@ def test_a_new_version_one_pod_refuses_is_taken_back_from_the_pods_that_loaded_i
     first = pods.tritons["10.1.0.5:8101"]
     assert first.loaded == ["m__v1"] and first.unloaded == ["m__v1"]
     assert not first.is_ready("m__v1")
+
+
+def test_an_unload_from_one_triton_keeps_the_shared_files_the_others_load(version_files, tmp_path):
+    pods = Pods("10.1.0.5", "10.1.0.6")
+    fleet = pods.fleet(repository=tmp_path / "shared")
+    fleet.load(version_files)
+    fleet.unload("m__v1", only=["10.1.0.6:8101"])
+    assert [t.unloaded for t in pods.tritons.values()] == [[], ["m__v1"]]
+    assert (tmp_path / "shared" / "m__v1" / "config.pbtxt").is_file()
+    assert fleet.missing(lambda triton: ["m__v1"] if triton == "10.1.0.5:8101" else []) == {}
+    fleet.unload("m__v1", only=["10.1.0.5:8101", "10.1.0.6:8101"])
+    assert not (tmp_path / "shared" / "m__v1").exists()
