@@ -50,12 +50,14 @@ class Stack:
     admin: str
     env: dict[str, str]
     state_dir: Path
+    # A command the CLI runs under, e.g. one that gives it a mount namespace of its own.
+    prefix: tuple[str, ...] = ()
 
     infergate: str = str(Path(sys.executable).with_name("infergate"))
 
     def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [self.infergate, *args, "--state-dir", str(self.state_dir)],
+            [*self.prefix, self.infergate, *args, "--state-dir", str(self.state_dir)],
             env=self.env,
             capture_output=True,
             text=True,
@@ -97,15 +99,21 @@ def stack_env(state_dir: Path) -> dict[str, str]:
 
 @contextmanager
 def running_stack(
-    state_dir: Path, env: dict[str, str], *up: str, timeout_s: float = 600
+    state_dir: Path,
+    env: dict[str, str],
+    *up: str,
+    timeout_s: float = 600,
+    prefix: tuple[str, ...] = (),
 ) -> Iterator[Stack]:
-    """`infergate up --detach` (with the ``up`` flags) on ``env``'s ports; down at the end."""
+    """`infergate up --detach` (with the ``up`` flags) on ``env``'s ports, every CLI call
+    run under ``prefix``; down at the end."""
     running = Stack(
         url=f"http://127.0.0.1:{env['INFERGATE_SERVE__PORT']}",
         mlflow=f"http://127.0.0.1:{env['INFERGATE_MLFLOW__PORT']}",
         admin=f"http://127.0.0.1:{env['INFERGATE_ADMIN__PORT']}",
         env=env,
         state_dir=state_dir,
+        prefix=prefix,
     )
     started = running.cli("up", *up, "--detach", timeout=timeout_s)
     assert started.returncode == 0, started.stderr[-3000:]

@@ -10,12 +10,8 @@ state folder (registry, artifacts, model files). Checked with the user's own cli
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -25,67 +21,20 @@ import onnxruntime as ort
 import pytest
 import tritonclient.http as triton_http
 from conftest import Load, Stack, clone_version, running_stack, stack_env, wait_for
+from triton_hosts import TritonHost, running_triton_host
 
 from infergate.registry import Registry
 from infergate.serving.postprocess import softmax
 from infergate.serving.tokenization import TextTokenizer
-from network_hosts import Host, network_host, unavailable
+from network_hosts import unavailable
 from tiny_models import tiny_bert
-from triton_process import stop_process
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.machine("netns", unavailable()),
 ]
 MODEL = "remote"
-INFERGATE = str(Path(sys.executable).with_name("infergate"))
 TEXTS = ["i love this film", "the service was slow and the food bad", "quiet"]
-
-
-@dataclass
-class TritonHost:
-    """`infergate triton` inside a network host; ``start`` again after a kill."""
-
-    host: Host
-    env: dict[str, str]
-    state_dir: Path
-    hidden: Path  # the control plane's state folder, out of this host's sight
-    process: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-
-    @property
-    def http_url(self) -> str:
-        return f"{self.host.address}:{self.env['INFERGATE_TRITON__HTTP_PORT']}"
-
-    @property
-    def repository(self) -> Path:
-        return self.state_dir / "triton-repository"
-
-    def start(self) -> None:
-        self.starts += 1
-        # `ip netns exec` gives the command a mount namespace of its own: a mount made
-        # there stays there.
-        hide = 'mount -t tmpfs -o size=1m,mode=0555 hidden "$0" && exec "$@"'
-        command = self.host.command(
-            "sh", "-c", hide, str(self.hidden),
-            INFERGATE, "triton", "--address", "0.0.0.0", "--state-dir", str(self.state_dir),
-        )  # fmt: skip
-        with (self.state_dir / f"triton-{self.starts}.log").open("wb") as log:
-            self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=log)
-        client = triton_http.InferenceServerClient(self.http_url)
-        wait_for(lambda: _answers(client), 60, "Triton in the network host answering")
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)  # ip netns exec execs: this is tritonserver
-        self.process.wait(timeout=30)
-
-
-def _answers(client: triton_http.InferenceServerClient) -> bool:
-    try:
-        return client.is_server_ready()
-    except Exception:  # not listening yet
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -97,14 +46,9 @@ def stack_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def triton_host(stack_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonHost]:
     state_dir = tmp_path_factory.mktemp("triton-host")
     env = stack_env(state_dir)  # free ports; Triton's are used on the host's own address
-    with network_host(f"igt{os.getpid() % 10000}") as host:
-        triton = TritonHost(host, env, state_dir, hidden=stack_dir)
-        triton.start()
-        try:
-            yield triton
-        finally:
-            if triton.process is not None:
-                stop_process(triton.process)
+    name = f"igt{os.getpid() % 10000}"
+    with running_triton_host(name, env, state_dir, hidden=stack_dir) as triton:
+        yield triton
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ only; without a budget every Triton holds everything. Triton's control API and t
 registry are faked (``FakePods``).
 
 Two real Tritons in two network hosts, with the replicas' requests routed to the one
-that holds each version: tests/e2e/test_external_triton.py.
+that holds each version: tests/e2e/test_two_tritons.py.
 """
 
 from test_reconcile import version
