@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from starlette.requests import Request
 
-from infergate.errors import ModelNotFound, RegistrationError
+from infergate.errors import BackendUnavailable, ModelNotFound, RegistrationError
 from infergate.observe.counters import ShadowCounters
 from infergate.observe.monitor import Monitors
 from infergate.serving.runtime import Prediction, Timings
@@ -244,6 +244,8 @@ class FakeTritonControl:
         config: str | None = None,
         files: Mapping[str, bytes] | None = None,
     ) -> None:
+        if not self.up:
+            raise BackendUnavailable(f"Triton at {self.url} is not reachable")
         if self.refuse is not None:
             raise RegistrationError(self.refuse)
         if config and json.loads(config).get("platform") == "onnxruntime_onnx" and not self.native:

@@ -129,8 +129,9 @@ class TritonSettings(Frozen):
     check_interval_s: float = Field(
         2.0,
         gt=0,
-        description="How often the control plane checks that every Triton still has every "
-        "served version loaded (one that restarted comes back empty) and loads it again.",
+        description="How often the control plane checks that every Triton still has the "
+        "versions it should hold loaded (one that restarted comes back empty) and loads "
+        "them again.",
     )
 
     @property

@@ -70,17 +70,24 @@ class OnDemandLoader:
         import ray
 
         demands = ray.get(state.demands.remote(DEMAND_WAIT_S), timeout=CALL_TIMEOUT_S)
-        ages, busy = ray.get(state.usage.remote(), timeout=CALL_TIMEOUT_S)
-        self.plane.note_usage(ages, set(busy))
-        for model in demands:
-            reason = self._load(model)
-            state.settle.remote(model, reason, self.plane.placement().get(model, []))
+        try:
+            ages, busy = ray.get(state.usage.remote(), timeout=CALL_TIMEOUT_S)
+            self.plane.note_usage(ages, set(busy))
+            for model in demands:
+                reason = self._load(model)
+                state.settle.remote(model, reason, self.plane.placement().get(model, []))
+        except Exception:
+            # Taken demands are asked for once: answer them, or their waiters would wait
+            # on (settling one already answered does nothing).
+            for model in demands:
+                state.settle.remote(model, "the control plane could not load it now", [])
+            raise
         self.plane.unload_idle()
         placement = self.plane.placement()
         if placement != self._published:
             ray.get(state.set_resident.remote(placement), timeout=CALL_TIMEOUT_S)
             self._published = placement
-        self._gauge(LOADED_VERSIONS).set(self.plane.residency.fullest)
+        self._gauge(LOADED_VERSIONS).set(self.plane.fullest())
 
     def _load(self, model: str) -> str | None:
         """Load ``model``; None once loaded, else why not (said to the client: no

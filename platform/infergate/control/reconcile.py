@@ -15,7 +15,9 @@ version that is served need not be loaded: a new version is still loaded once (s
 version Triton cannot load never gets traffic), after the least recently used ones made
 room, and may be unloaded later; ``load_on_demand`` loads it again when a request asks.
 With several Tritons the budget holds per Triton: such a version is loaded on one of
-them (``Placement.choose``), and the replicas are told which (``placement``).
+them (``Placement.choose``), and the replicas are told which (``placement``). A Triton
+met for the first time (this control plane restarted, or a pod came back under its
+address) is taken in with what it already holds, up to its budget.
 Triton's loads and unloads, and the residency's record of them, happen under
 ``residency_lock``, never under a reconcile's wait for the replicas.
 """
@@ -36,7 +38,7 @@ from infergate.control.residency import Placement, protected
 from infergate.errors import BackendUnavailable, InfergateError, ModelNotFound, RegistrationError
 from infergate.registry import Registry
 from infergate.serving.loader import load_version
-from infergate.triton.fleet import TritonFleet
+from infergate.triton.fleet import Control, TritonFleet
 from infergate.triton.repository import ModelFiles, model_files, translation_files
 from infergate.versions import (
     CHAMPION,
@@ -88,23 +90,63 @@ class ControlPlane:
         self.on_residency = on_residency
         self.residency_lock = threading.RLock()
         self.busy: set[str] = set()  # Triton models with requests in flight at a replica
+        self.down: set[str] = set()  # Tritons that resolved but did not answer, last look
         self._files: dict[str, ModelFiles] = {}  # what reloads a version unloaded
 
     def lacking(self) -> dict[str, list[str]]:
         """Versions some Triton should hold and has not ready, with those Tritons (by
         address). Without a budget every Triton holds every served version (a new pod
-        gets them all); with one, each holds what was loaded into it."""
+        gets them all), or with idle unloads every loaded one; with a budget, each holds
+        what was loaded into it."""
         if not self.residency.managed:
             return self.fleet.missing(lambda triton: self.serving)
+        served = set(self.serving)
         with self.residency_lock:
-            self.residency.keep(self.fleet.endpoints())
-            holds = {t: self.residency.holds(t) & set(self.serving) for t in self.residency.tritons}
+            # Before the first table nothing is served yet: no Triton is taken in empty.
+            answering = self._answering(served if self._deployed else None)
+            if self.residency.placed:
+                holds = {t: self.residency.holds(t) & served for t in answering}
+            else:
+                everywhere = set(self.residency.loaded) & served
+                holds = {t: everywhere for t in answering}
         return self.fleet.missing(lambda triton: holds.get(triton, ()))
 
     def placement(self) -> dict[str, list[str]]:
-        """Each loaded version and the Tritons (``host:port``) that hold it."""
+        """Each loaded version and the Tritons (``host:port``) that hold it and answered
+        at the last look; no address when there is one Triton (the replicas' own
+        setting reaches it, and may name it otherwise than this machine does)."""
         with self.residency_lock:
-            return self.residency.loaded
+            loaded = self.residency.loaded
+            if len(self.residency.tritons) <= 1:
+                return {model: [] for model in loaded}
+            return {m: [t for t in held if t not in self.down] for m, held in loaded.items()}
+
+    def _answering(self, models: set[str] | None) -> list[str]:
+        """The Tritons that answer now; those that resolve and do not are noted in
+        ``down``. With a budget, a Triton answering for the first time is taken in with
+        what it already holds of ``models`` (None: not yet, it stays unknown)."""
+        tritons = self.fleet.endpoints()
+        self.residency.keep(tritons)
+        answering = [url for url, control in tritons.items() if control.server_ready()]
+        self.down = set(tritons) - set(answering)
+        if self.residency.placed and models is not None:
+            for url in answering:
+                if url not in self.residency.tritons:
+                    self._take_in(url, tritons[url], models)
+        return answering
+
+    def _take_in(self, triton: str, control: Control, models: set[str]) -> None:
+        """Record what of ``models`` ``triton`` holds already, up to the budget; unload the
+        rest from it (a control plane that restarted would not know of them)."""
+        held = [model for model in sorted(models) if control.is_ready(model)]
+        self.residency.of(triton)  # known from now on, even empty
+        budget = self.residency.budget or len(held)
+        self.residency.did_load_each(held[:budget], triton)
+        for model in held[budget:]:
+            log.info("unloading %s from the Triton at %s: over its budget", model, triton)
+            self.fleet.unload(model, only=[triton])
+        if held:
+            log.info("the Triton at %s holds %s already", triton, held[:budget])
 
     def reconcile(self) -> ReconcileResult:
         result = ReconcileResult()
@@ -273,8 +315,9 @@ class ControlPlane:
             if version is None:
                 raise ModelNotFound(f"{model} is not served")
             self.residency.used([model])
-            if self.residency.holders(model):
-                return 0.0
+            held = self.residency.holders(model)
+            if held and (not self.residency.placed or set(held) - self.down):
+                return 0.0  # with a budget, only where a Triton that holds it answers
             start = time.perf_counter()
             where = self._make_room(model, list(self.serving.values()))
             files = self._files.get(model)
@@ -291,8 +334,14 @@ class ControlPlane:
     def note_usage(self, ages: dict[str, float], busy: set[str]) -> None:
         """What the replicas reported: seconds since each model was used, and the
         models with requests in flight."""
-        self.residency.seen(ages)
-        self.busy = busy
+        with self.residency_lock:
+            self.residency.seen(ages)
+            self.busy = busy
+
+    def fullest(self) -> int:
+        """The most versions one Triton holds."""
+        with self.residency_lock:
+            return self.residency.fullest
 
     def unload_idle(self) -> list[str]:
         """Unload the versions unused for ``triton.idle_unload_s``; those unloaded."""
@@ -303,17 +352,16 @@ class ControlPlane:
         return [model for _triton, model in idle]
 
     def _make_room(self, model: str, served: list[ServedVersion]) -> list[str] | None:
-        """Where to load ``model``, room made there: every Triton (None) without a budget
-        or idle unloads; else the Tritons that hold it (a version registered again is
-        reloaded in place), or the one ``Placement.choose`` picks among those answering."""
-        if not self.residency.managed:
+        """Where to load ``model``, room made there: every Triton (None) without a budget;
+        else the answering Tritons that hold it (a version registered again is reloaded
+        in place), or the one ``Placement.choose`` picks among those answering."""
+        if not self.residency.placed:
             return None
-        tritons = self.fleet.endpoints()
-        self.residency.keep(tritons)
-        held = self.residency.holders(model)
+        models = {triton_model_name(v.name, v.version) for v in served} | set(self.serving)
+        answering = self._answering(models)
+        held = [triton for triton in self.residency.holders(model) if triton in answering]
         if held:
             return held
-        answering = [url for url, control in tritons.items() if control.server_ready()]
         guarded = protected([*served, *self.serving.values()])
         triton, victims = self.residency.choose(model, answering, busy=self.busy, protected=guarded)
         for victim in victims:
@@ -326,6 +374,8 @@ class ControlPlane:
         if not self.residency.managed:
             return lacking
         held = self.residency.holders(model)
+        if not self.residency.placed:  # idle unloads alone: all hold what is loaded
+            return lacking if held else []
         return [triton for triton in lacking if triton in held]
 
     def _did_load(self, model: str, where: list[str] | None) -> None:
@@ -335,6 +385,8 @@ class ControlPlane:
         log.info("unloading %s from the Triton at %s (%s)", model, triton, why)
         self.fleet.unload(model, only=[triton])
         self.residency.did_unload(model, triton)
+        if not self.residency.holders(model):  # its files go from a shared repository
+            self.fleet.drop_files(model)
         self.on_residency(model, why, 0.0)
 
 

@@ -11,7 +11,8 @@ champion, whose comparison must not be skewed by cold starts.
 With several Tritons (a fleet), the budget holds per Triton: ``Placement`` keeps a
 ``Residency`` for each, a version is loaded on one of them when asked for (one with room,
 else the one whose version to go has been unused longest), and replicas send its
-requests to the Tritons that hold it. Without a budget every Triton holds every version.
+requests to the Tritons that hold it. Without a budget (no limit, or idle unloads alone)
+every Triton holds every loaded version.
 
 Nothing here talks to Triton; ``ControlPlane`` (``infergate.control.reconcile``) does
 the loads and unloads this decides, and tells it what happened. The clock is injected.
@@ -127,6 +128,11 @@ class Placement:
     def managed(self) -> bool:
         return self.budget is not None or self.idle_unload_s is not None
 
+    @property
+    def placed(self) -> bool:
+        """Whether each Triton holds a set of its own (a budget), rather than all the same."""
+        return self.budget is not None
+
     def of(self, triton: str) -> Residency:
         """``triton``'s residency, empty for a Triton not seen before."""
         if triton not in self.tritons:
@@ -134,7 +140,7 @@ class Placement:
         return self.tritons[triton]
 
     def keep(self, tritons: Iterable[str]) -> list[str]:
-        """Only ``tritons`` answer now: forget what the others held (a pod that went
+        """Only ``tritons`` resolve now: forget what the others held (a pod that went
         away); those forgotten."""
         gone = sorted(set(self.tritons) - set(tritons))
         for triton in gone:
@@ -151,7 +157,11 @@ class Placement:
     @property
     def loaded(self) -> dict[str, list[str]]:
         """Each loaded version and the Tritons that hold it."""
-        return {m: self.holders(m) for m in sorted(set().union(*map(self.holds, self.tritons)))}
+        holders: dict[str, list[str]] = {}
+        for triton, residency in sorted(self.tritons.items()):
+            for model in residency.loaded:
+                holders.setdefault(model, []).append(triton)
+        return dict(sorted(holders.items()))
 
     @property
     def fullest(self) -> int:
@@ -171,8 +181,13 @@ class Placement:
         for triton in tritons:
             self.of(triton).did_load(model)
 
+    def did_load_each(self, models: Iterable[str], triton: str) -> None:
+        for model in models:
+            self.of(triton).did_load(model)
+
     def did_unload(self, model: str, triton: str) -> None:
-        self.of(triton).did_unload(model)
+        if triton in self.tritons:  # else forgotten meanwhile: nothing to record
+            self.tritons[triton].did_unload(model)
 
     def forget(self, model: str) -> None:
         for residency in self.tritons.values():
@@ -188,7 +203,8 @@ class Placement:
             NoRoom: on every Triton, the versions that would have to go are busy or
                 protected (or there is no Triton).
         """
-        options: list[tuple[tuple[int, float, str], str, list[str]]] = []
+        with_room: list[tuple[int, str]] = []  # (versions it holds, triton)
+        to_free: list[tuple[int, float, str, list[str]]] = []  # (count, last use, ...)
         refused: NoRoom | None = None
         for triton in sorted(tritons):
             residency = self.of(triton)
@@ -197,13 +213,17 @@ class Placement:
             except NoRoom as exc:
                 refused = exc
                 continue
-            newest = max((residency.last_used.get(v, float("-inf")) for v in victims), default=0.0)
-            rank = (len(victims), newest, triton) if victims else (0, len(residency.loaded), triton)
-            options.append((rank, triton, victims))
-        if not options:
-            raise refused or NoRoom("no Triton answers to load it into")
-        _rank, triton, victims = min(options)
-        return triton, victims
+            if not victims:
+                with_room.append((len(residency.loaded), triton))
+            else:  # the fewest to unload, then those whose latest use is oldest
+                latest = max(residency.last_used.get(v, float("-inf")) for v in victims)
+                to_free.append((len(victims), latest, triton, victims))
+        if with_room:
+            return min(with_room)[1], []
+        if to_free:
+            _count, _latest, triton, victims = min(to_free)
+            return triton, victims
+        raise refused or NoRoom("no Triton answers to load it into")
 
     def idle(self, *, busy: set[str], protected: set[str]) -> list[tuple[str, str]]:
         """``(triton, model)`` for each version unused for ``idle_unload_s`` there."""

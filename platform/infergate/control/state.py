@@ -65,7 +65,7 @@ REPLICA_SILENT_AFTER_S = 10.0  # a replica not heard from for this long is gone
 
 Table = tuple[str, int, list[dict[str, Any]]]  # epoch, version, served versions
 Warmed = tuple[str | None, list[str]]  # why not loaded (None: it is), the Tritons holding it
-Placement = dict[str, list[str]]  # each loaded version: the Tritons (host:port) holding it
+Holders = dict[str, list[str]]  # each loaded version: the Tritons (host:port) holding it
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -81,7 +81,7 @@ class ControlState:
         self._waiting: dict[str, asyncio.Future[Warmed]] = {}
         self._demanded: dict[str, None] = {}  # in order of arrival
         self._demand = asyncio.Event()
-        self.resident: tuple[int, Placement] = (0, {})
+        self.resident: tuple[int, Holders] = (0, {})
         self._last_used: dict[str, float] = {}
         self._busy: dict[str, tuple[float, set[str]]] = {}  # by replica
 
@@ -163,12 +163,12 @@ class ControlState:
         if waiting is not None and not waiting.done():
             waiting.set_result((reason, holders))
 
-    def set_resident(self, placement: Placement) -> None:
+    def set_resident(self, placement: Holders) -> None:
         """The versions loaded in Triton now (by Triton model name), each with the Tritons
         that hold it."""
         self.resident = (self.resident[0] + 1, dict(sorted(placement.items())))
 
-    def get_resident(self, epoch: str, known: int) -> tuple[int, Placement] | None:
+    def get_resident(self, epoch: str, known: int) -> tuple[int, Holders] | None:
         """The placement if newer than version ``known`` of ``epoch`` (or of any other
         epoch, once set in this one); None otherwise."""
         version = self.resident[0]

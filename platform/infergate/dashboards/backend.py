@@ -100,7 +100,7 @@ def _load_on_demand() -> Row:
                 "Loaded versions",
                 (Query(f"max({selector(m.LOADED_VERSIONS.full_name)})", "loaded"),),
                 width=6,
-                description="Served versions loaded in each Triton now; at most "
+                description="Served versions loaded in the fullest Triton now; at most "
                 "triton.max_loaded_versions.",
             ),
             Panel(

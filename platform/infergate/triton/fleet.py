@@ -144,6 +144,8 @@ class TritonFleet:
         if not endpoints:
             raise BackendUnavailable(f"no Triton answers at {self.settings.host}")
         targets = endpoints if only is None else {u: endpoints[u] for u in only if u in endpoints}
+        if not targets:
+            raise BackendUnavailable(f"no Triton of {sorted(only or [])} resolves now")
         if self.repository is not None:
             write_files(self.repository, model)
             request: dict[str, object] = {}
@@ -171,12 +173,17 @@ class TritonFleet:
     def unload(self, model: str, only: Iterable[str] | None = None) -> None:
         """Unload ``model`` from every Triton that answers (or the ``only`` ones); one
         that does not has lost it anyway if it restarts, and keeps it otherwise
-        (harmless, but said). Its files leave the shared repository once no Triton
-        is to hold it."""
+        (harmless, but said). Its files leave the shared repository when it is unloaded
+        from every Triton at once."""
         endpoints = self.endpoints()
         targets = endpoints if only is None else {u: endpoints[u] for u in only if u in endpoints}
         self._unload_from(model, targets)
         if self.repository is not None and targets.keys() >= endpoints.keys():
+            remove_model(self.repository, model)
+
+    def drop_files(self, model: str) -> None:
+        """Remove ``model``'s files from the shared repository (no Triton holds it)."""
+        if self.repository is not None:
             remove_model(self.repository, model)
 
     def missing(self, holds: Callable[[str], Iterable[str]]) -> dict[str, list[str]]:

@@ -72,7 +72,7 @@ def test_with_a_budget_each_version_is_loaded_on_one_triton_the_emptiest():
     # a to A (both empty: the first), b to B (the emptier), c to A: all three hot, each
     # once, and neither Triton over its budget of two.
     assert plane.ready() == {A: {"a__v1", "c__v1"}, B: {"b__v1"}}
-    assert plane.placement() == {"a__v1": [A], "b__v1": [B], "c__v1": [A]}
+    assert plane.residency.loaded == {"a__v1": [A], "b__v1": [B], "c__v1": [A]}
     assert plane.events == []
 
 
@@ -87,7 +87,7 @@ def test_a_cold_version_takes_the_place_of_the_fleets_least_recently_used():
     assert plane.events[-2:] == [("d__v1", "room"), ("a__v1", "demand")]
     assert plane.pods.tritons[A].unloaded == ["a__v1"]  # from the reconcile, room for c
     # Hot on B and cold on A: asked for again, it is not loaded a second time.
-    assert plane.load_on_demand("a__v1") == 0.0 and plane.placement()["a__v1"] == [B]
+    assert plane.load_on_demand("a__v1") == 0.0 and plane.residency.loaded["a__v1"] == [B]
 
 
 def test_a_version_busy_on_one_triton_sends_the_load_to_the_other():
@@ -96,7 +96,7 @@ def test_a_version_busy_on_one_triton_sends_the_load_to_the_other():
     plane.note_usage({}, busy={"a__v1"})  # ... but has requests in flight: it stays
     plane.wanted = names("a", "b", "c")
     plane.reconcile()
-    assert plane.placement() == {"a__v1": [A], "c__v1": [B]}
+    assert plane.residency.loaded == {"a__v1": [A], "c__v1": [B]}
     assert plane.events == [("b__v1", "room")]
 
 
@@ -133,9 +133,9 @@ def test_a_triton_that_went_away_is_forgotten_and_its_versions_load_elsewhere():
     plane = FleetPlane(names("a", "b"), budget=2)
     plane.reconcile()
     plane.pods.addresses.remove("10.1.0.6")  # B's pod is gone, with b
-    assert plane.lacking() == {} and plane.placement() == {"a__v1": [A]}
+    assert plane.lacking() == {} and plane.residency.loaded == {"a__v1": [A]}
     plane.load_on_demand("b__v1")
-    assert plane.placement() == {"a__v1": [A], "b__v1": [A]}
+    assert plane.residency.loaded == {"a__v1": [A], "b__v1": [A]}
 
 
 def test_a_triton_that_does_not_answer_is_passed_over_for_a_load():
@@ -143,7 +143,7 @@ def test_a_triton_that_does_not_answer_is_passed_over_for_a_load():
     plane.fleet.endpoints()  # both pods known
     plane.pods.tritons[A].up = False
     plane.reconcile()
-    assert plane.placement() == {"a__v1": [B]}
+    assert plane.residency.loaded == {"a__v1": [B]}
 
 
 def test_a_version_registered_again_is_reloaded_where_it_is():
@@ -151,4 +151,63 @@ def test_a_version_registered_again_is_reloaded_where_it_is():
     plane.reconcile()  # a on A, b on B
     plane.wanted = [ServedVersion("b", "1", "text-classification", "src/again")]
     plane.reconcile()
-    assert plane.placement() == {"b__v1": [B]} and plane.pods.tritons[B].loaded == ["b__v1"] * 2
+    assert (
+        plane.residency.loaded == {"b__v1": [B]} and plane.pods.tritons[B].loaded == ["b__v1"] * 2
+    )
+    assert plane.pods.tritons[A].loaded == ["a__v1"]
+
+
+def test_with_idle_unloads_alone_every_triton_holds_every_version_and_idles_it_out():
+    plane = FleetPlane(names("a", "b"), budget=None)
+    plane.residency.idle_unload_s = 30
+    plane.reconcile()
+    assert plane.ready() == {A: {"a__v1", "b__v1"}, B: {"a__v1", "b__v1"}}
+    plane.clock.now += 31
+    plane.note_usage({"b__v1": 1.0}, busy=set())
+    assert plane.unload_idle() == ["a__v1", "a__v1"]  # from each Triton
+    assert plane.ready() == {A: {"b__v1"}, B: {"b__v1"}}
+    plane.load_on_demand("a__v1")
+    assert plane.residency.loaded == {"a__v1": [A, B], "b__v1": [A, B]}
+    plane.pods.addresses.append("10.1.0.7")  # a new pod gets what is loaded
+    plane.reconcile()
+    assert plane.ready()["10.1.0.7:8101"] == {"a__v1", "b__v1"}
+
+
+def test_a_control_plane_that_restarted_takes_in_what_each_triton_holds_within_its_budget():
+    plane = FleetPlane(names("a", "b", "c"), budget=2)
+    plane.fleet.endpoints()
+    # What a previous control plane left: A within its budget, B over it (a budget lowered).
+    plane.pods.tritons[A].ready = {"a__v1"}
+    plane.pods.tritons[B].ready = {"b__v1", "c__v1", "other__v9"}  # other: not ours
+    plane.reconcile()
+    assert plane.residency.loaded == {"a__v1": [A], "b__v1": [B], "c__v1": [B]}
+    assert plane.pods.tritons[B].loaded == ["b__v1", "c__v1"]  # reloaded in place
+    assert plane.pods.tritons[A].loaded == ["a__v1"] and plane.events == []
+    # Over the budget: taken in up to it, the rest unloaded.
+    plane = FleetPlane(names("a", "b", "c"), budget=1)
+    plane.fleet.endpoints()
+    plane.pods.tritons[B].ready = {"b__v1", "c__v1"}
+    plane.reconcile()
+    assert plane.pods.tritons[B].unloaded[0] == "c__v1"
+    assert max(len(r) for r in plane.ready().values()) == 1
+
+
+def test_a_version_whose_triton_does_not_answer_is_loaded_on_one_that_does():
+    plane = FleetPlane(names("a", "b"), budget=2)
+    plane.reconcile()  # a on A, b on B
+    plane.pods.tritons[B].up = False
+    plane.lacking()  # the check's look: B resolves, and does not answer
+    assert plane.placement() == {"a__v1": [A], "b__v1": []}  # replicas are not sent there
+    assert plane.load_on_demand("b__v1") > 0
+    assert plane.placement() == {"a__v1": [A], "b__v1": [A]}
+    # B is back, still holding b: both are recorded, each within its budget.
+    plane.pods.tritons[B].up = True
+    plane.lacking()
+    assert plane.placement() == {"a__v1": [A], "b__v1": [A, B]}
+
+
+def test_with_one_triton_the_replicas_are_given_no_address():
+    plane = FleetPlane(names("a"), budget=2)
+    plane.pods.addresses.remove("10.1.0.6")
+    plane.reconcile()
+    assert plane.residency.loaded == {"a__v1": [A]} and plane.placement() == {"a__v1": []}

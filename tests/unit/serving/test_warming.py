@@ -14,6 +14,7 @@ from infergate.errors import ColdStartTimeout
 from infergate.protocols.frontend import Frontend
 from infergate.serving.inference import InferencePath
 from infergate.serving.routing import ServedModel
+from infergate.serving.tritons import Tritons
 from infergate.serving.warming import Warmer
 
 
@@ -52,6 +53,37 @@ def test_many_requests_for_a_cold_version_make_one_load_and_all_get_answers():
         assert warmer.take_used() == ["cold__v1", "hot__v1"] and warmer.take_used() == []
 
     asyncio.run(scenario())
+
+
+def test_a_version_moved_to_another_triton_is_asked_for_and_found_there():
+    """The replica's word says Triton a holds it; a lost it (unloaded, or does not answer):
+    the call fails there, the control plane loads it on b and says so, and the retry
+    goes to b."""
+
+    async def scenario() -> tuple[FakeResidentTriton, FakeResidentTriton, object]:
+        a, b = FakeResidentTriton(), FakeResidentTriton()
+        for triton, url in ((a, "a:1"), (b, "b:1")):
+            triton.url, triton.timeout_s = url, 5.0  # type: ignore[attr-defined]
+
+        async def warm(model: str, timeout_s: float) -> tuple[str | None, list[str]]:
+            await b.warm(model, timeout_s)
+            return None, ["b:1"]
+
+        warmer = Warmer(warm, timeout_s=5)
+        warmer.set_resident(1, {"m__v1": ["a:1"]})
+        channels = {"a:1": a, "b:1": b}
+        tritons = Tritons(
+            a, lambda url, timeout_s: channels[url], lambda m: warmer.holders.get(m, ())
+        )  # type: ignore[arg-type]
+        models = {
+            "m": ServedModel("m", "text-classification", (FakeVersion("m", calls_backend=True),))
+        }  # type: ignore[arg-type]
+        path = InferencePath(tritons, models, warmer=warmer, monitors=Unmonitored(Recorder()))  # type: ignore[arg-type]
+        return a, b, await ask(path, "m")
+
+    a, b, answer = asyncio.run(scenario())
+    assert a.calls == ["m__v1"] and b.calls == ["m__v1"] and b.warmed == ["m__v1"]
+    assert answer.cold_start_s > 0  # type: ignore[attr-defined]
 
 
 def test_a_version_unloaded_behind_the_replicas_back_is_loaded_again():

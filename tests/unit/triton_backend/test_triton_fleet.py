@@ -178,3 +178,12 @@ def test_an_unload_from_one_triton_keeps_the_shared_files_the_others_load(versio
     assert fleet.missing(lambda triton: ["m__v1"] if triton == "10.1.0.5:8101" else []) == {}
     fleet.unload("m__v1", only=["10.1.0.5:8101", "10.1.0.6:8101"])
     assert not (tmp_path / "shared" / "m__v1").exists()
+
+
+def test_a_load_into_tritons_that_no_longer_resolve_fails_rather_than_doing_nothing(
+    version_files,
+):
+    pods = Pods("10.1.0.5")
+    fleet = pods.fleet()
+    with pytest.raises(BackendUnavailable, match="resolves"):
+        fleet.load(version_files, only=["10.1.0.9:8101"])
