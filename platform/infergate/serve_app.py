@@ -97,6 +97,8 @@ class FrontendDeployment:
         update = await self._state.ask("get_resident", self._epoch, warmer.resident_version)
         if update is not None:
             warmer.set_resident(*update)
+            if self._replica.triton is not None:  # let go of Tritons named no more
+                self._replica.triton.retain(u for held in warmer.holders.values() for u in held)
 
     async def _warm(self, model: str, timeout_s: float) -> Warmed:
         """Ask the control plane to load ``model`` into Triton: (None, the Tritons that

@@ -8,17 +8,22 @@ which Tritons hold each version (``Warmer.holders``), and ``Tritons`` sends each
 one of them, in turn, over a channel per Triton opened on first use. A version nobody
 said anything about goes to the configured address; if that Triton does not have it,
 the call fails as a cold one and the ``Warmer`` asks for it, learning where it landed.
+A channel to a Triton the control plane names no more (a pod that left) is closed once
+its calls are done (``retain``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
 
 from infergate.serving.batching import Backend
+
+CLOSE_POLL_S = 1.0  # how often a let-go channel is checked for calls still out
 
 
 class TritonChannel(Backend, Protocol):
@@ -46,6 +51,8 @@ class Tritons:
         self._holders = holders
         self._channels: dict[str, TritonChannel] = {default.url: default}
         self._turn = itertools.count()
+        self._calls: dict[int, int] = {}  # calls out, by id of the channel
+        self._closing: set[asyncio.Task[None]] = set()
 
     def channel(self, model: str) -> TritonChannel:
         """The channel for the next call of ``model``: to its holders in turn."""
@@ -68,7 +75,28 @@ class Tritons:
         extra: Mapping[str, np.ndarray] | None = None,
     ) -> np.ndarray:
         channel = self.channel(model)
-        return await channel.infer(model, input_ids, attention_mask, output_name, extra=extra)
+        key = id(channel)
+        self._calls[key] = self._calls.get(key, 0) + 1
+        try:
+            return await channel.infer(model, input_ids, attention_mask, output_name, extra=extra)
+        finally:
+            self._calls[key] -= 1
+
+    def retain(self, urls: Iterable[str]) -> None:
+        """Keep the channels to ``urls`` (and the configured one); close the others once
+        their calls are done (closing cancels calls). Called on the event loop."""
+        keep = {*urls, self.default.url}
+        for url in [u for u in self._channels if u not in keep]:
+            channel = self._channels.pop(url)
+            task = asyncio.get_running_loop().create_task(self._close_when_idle(channel))
+            self._closing.add(task)  # a strong reference while it waits
+            task.add_done_callback(self._closing.discard)
+
+    async def _close_when_idle(self, channel: TritonChannel) -> None:
+        while self._calls.get(id(channel)):
+            await asyncio.sleep(CLOSE_POLL_S)
+        self._calls.pop(id(channel), None)
+        await channel.close()
 
     async def close(self) -> None:
         for channel in self._channels.values():
