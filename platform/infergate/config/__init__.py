@@ -129,9 +129,8 @@ class TritonSettings(Frozen):
     check_interval_s: float = Field(
         2.0,
         gt=0,
-        description="How often the control plane checks that every Triton still has the "
-        "versions it should hold loaded (one that restarted comes back empty) and loads "
-        "them again.",
+        description="How often the control plane checks that every Triton has loaded what it "
+        "should hold (one that restarted comes back empty) and loads that again.",
     )
 
     @property

@@ -24,9 +24,7 @@ Triton's loads and unloads, and the residency's record of them, happen under
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,8 +32,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infergate import tasks
+from infergate.control.load_failures import of_the_place, reason_of
 from infergate.control.residency import Placement, protected
-from infergate.errors import BackendUnavailable, InfergateError, ModelNotFound, RegistrationError
+from infergate.errors import ModelNotFound, RegistrationError
 from infergate.registry import Registry
 from infergate.serving.loader import load_version
 from infergate.triton.fleet import Control, TritonFleet
@@ -172,18 +171,18 @@ class ControlPlane:
                             self._did_load(model, where)
                             loaded = True
                 except Exception as exc:
-                    if new and _of_the_place(exc):
+                    if new and of_the_place(exc):
                         # Not the version at fault: it waits off the table and the next
                         # reconcile (every check wakes one while it waits) loads it.
-                        self._held_back(version, _reason(exc), wanted, result)
+                        self._held_back(version, reason_of(exc), wanted, result)
                         continue
                     if new:  # any other failure keeps a new version away from traffic
-                        self._failed(version, _reason(exc), wanted, result)
+                        self._failed(version, reason_of(exc), wanted, result)
                         continue
                     # A Triton that lost a served version did not take it back: the others
                     # still serve it, and the next check tries that one again.
                     log.error("reloading %s into %s failed: %s", model, lacking[model], exc)
-                    result.failed[model] = _reason(exc)
+                    result.failed[model] = reason_of(exc)
                 else:
                     if loaded:
                         result.loaded.append(model)
@@ -398,35 +397,3 @@ def _rebalance(served: list[ServedVersion]) -> list[ServedVersion]:
     return [
         replace(v, weight=100) if counts[v.name] == 1 and v.weight != 100 else v for v in served
     ]
-
-
-# The local disk cannot take the version's files: full, over quota. Freeing space is the
-# fix, not rolling the version back.
-DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-def _of_the_place(exc: BaseException) -> bool:
-    """Whether a load failed for a reason outside the version's files: Triton not
-    reachable, or the artifact cache's disk full, seen through the errors that wrap it.
-    MLflow's artifact download reports its failures in one exception's text, without
-    chaining them, so the disk's errors are also recognised by their message."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, BackendUnavailable):
-            return True
-        if isinstance(current, OSError) and current.errno in DISK_FULL:
-            return True
-        if any(os.strerror(code) in str(current) for code in DISK_FULL):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
-def _reason(exc: Exception) -> str:
-    """Why a load failed, for a rollback reason: infergate's errors say what could not;
-    anything else (an artifact download, say) gets its type, as a bare KeyError has none."""
-    if isinstance(exc, InfergateError):
-        return str(exc)
-    return f"loading it failed: {type(exc).__name__}: {exc}"
