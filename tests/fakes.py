@@ -234,6 +234,7 @@ class FakeTritonControl:
         self.ready: set[str] = set()
         self.closed = False
         self.up = True  # False: it does not answer
+        self.asked = 0  # whether it answers (server_ready)
         self.refuse: str | None = None  # set: every load fails with this message
 
     def load(
@@ -262,6 +263,7 @@ class FakeTritonControl:
         return model in self.ready
 
     def server_ready(self) -> bool:
+        self.asked += 1
         return self.up
 
     def close(self) -> None:

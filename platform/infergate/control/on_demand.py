@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infergate.control.reconcile import ControlPlane
 from infergate.control.residency import NoRoom
 from infergate.errors import ModelNotFound
 from infergate.observe.metrics import COLD_STARTS, EVICTIONS, LOAD_DURATION, LOADED_VERSIONS
+
+if TYPE_CHECKING:  # the actor's module imports Ray, which this one imports only to call it
+    from infergate.control.state import Holders
 
 log = logging.getLogger(__name__)
 DEMAND_WAIT_S = 1.0  # the longest a pull of demands waits: idle unloads run this often
@@ -33,7 +36,7 @@ class OnDemandLoader:
         self.link = link
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._published: dict[str, list[str]] | None = None  # the placement _actor was told
+        self._published: Holders | None = None  # the placement _actor was told
         self._actor: Any = None
         self._metrics: dict[str, Any] = {}
 

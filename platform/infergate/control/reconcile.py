@@ -108,7 +108,7 @@ class ControlPlane:
             else:
                 everywhere = set(self.residency.loaded) & served
                 holds = {t: everywhere for t in answering}
-        return self.fleet.missing(lambda triton: holds.get(triton, ()))
+        return self.fleet.missing(lambda triton: holds.get(triton, ()), answering)
 
     def placement(self) -> dict[str, list[str]]:
         """Each loaded version and the Tritons (``host:port``) that hold it and answered
@@ -140,7 +140,8 @@ class ControlPlane:
         held = [model for model in sorted(models) if control.is_ready(model)]
         self.residency.of(triton)  # known from now on, even empty
         budget = self.residency.budget or len(held)
-        self.residency.did_load_each(held[:budget], triton)
+        for model in held[:budget]:
+            self.residency.did_load(model, [triton])
         for model in held[budget:]:
             log.info("unloading %s from the Triton at %s: over its budget", model, triton)
             self.fleet.unload(model, only=[triton])

@@ -181,10 +181,6 @@ class Placement:
         for triton in tritons:
             self.of(triton).did_load(model)
 
-    def did_load_each(self, models: Iterable[str], triton: str) -> None:
-        for model in models:
-            self.of(triton).did_load(model)
-
     def did_unload(self, model: str, triton: str) -> None:
         if triton in self.tritons:  # else forgotten meanwhile: nothing to record
             self.tritons[triton].did_unload(model)

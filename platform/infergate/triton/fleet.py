@@ -19,7 +19,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -186,15 +186,21 @@ class TritonFleet:
         if self.repository is not None:
             remove_model(self.repository, model)
 
-    def missing(self, holds: Callable[[str], Iterable[str]]) -> dict[str, list[str]]:
+    def missing(
+        self, holds: Callable[[str], Iterable[str]], answering: Collection[str] | None = None
+    ) -> dict[str, list[str]]:
         """The versions some Triton that answers should hold (``holds(host_port)``) and
-        has not ready (it restarted empty, or is a new pod), with those Tritons. Asked
-        model by model: a model loaded with its files in the request is in no repository
-        index."""
+        has not ready (it restarted empty, or is a new pod), with those Tritons; those
+        that answer are ``answering`` when the caller has just asked (None: asked here).
+        Asked model by model: a model loaded with its files in the request is in no
+        repository index."""
         lacking: dict[str, list[str]] = {}
         for url, control in self.endpoints().items():
             wanted = sorted(set(holds(url)))
-            if not wanted or not control.server_ready():  # away: nothing to load it into
+            if not wanted:
+                continue
+            answers = control.server_ready() if answering is None else url in answering
+            if not answers:  # away: nothing to load it into
                 continue
             for model in wanted:
                 if not control.is_ready(model):

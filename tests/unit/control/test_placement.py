@@ -146,6 +146,15 @@ def test_a_triton_that_does_not_answer_is_passed_over_for_a_load():
     assert plane.residency.loaded == {"a__v1": [B]}
 
 
+def test_a_check_asks_each_triton_once_whether_it_answers():
+    plane = FleetPlane(names("a", "b"), budget=2)
+    plane.reconcile()  # a on A, b on B
+    asked = {url: triton.asked for url, triton in plane.pods.tritons.items()}
+    plane.pods.tritons[A].ready.clear()  # restarted empty
+    assert plane.lacking() == {"a__v1": [A]}
+    assert {url: t.asked - asked[url] for url, t in plane.pods.tritons.items()} == {A: 1, B: 1}
+
+
 def test_a_version_registered_again_is_reloaded_where_it_is():
     plane = FleetPlane(names("a", "b"), budget=2)
     plane.reconcile()  # a on A, b on B
