@@ -90,7 +90,8 @@ down:
 # TEST_WORKERS=2 runs the tests on two workers (tests/workers.py: who runs beside whom),
 # for a machine with 4 cores or more: each worker's stack keeps about one core busy and
 # more at its peaks. On 2 cores the two workers contend (a run here took 38 min instead
-# of 46, and a canary judged under that load failed to be promoted), so one is the default.
+# of 46, and a canary judged under that load failed to be promoted), so one is the default;
+# since the session stack stops after its last test, one worker takes about 39 min here.
 TEST_WORKERS ?= 1
 WORKERS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
