@@ -38,7 +38,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 # Where a run's time goes, by module and by folder: pytest's --durations lists single
 # phases, while a module's stack start, its tests and its teardown add up to what CI waits.
 # The session stack's start counts for the first module that asks for it, its stop for the
-# last (tests/e2e/conftest.py).
+# last (tests/shared_stack.py).
 _seconds_by_module: dict[str, float] = defaultdict(float)
 SLOWEST_MODULES = 15
 

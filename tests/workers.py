@@ -12,7 +12,7 @@ loadfile``): what keeps two workers from harming each other's tests.
 - The end-to-end modules go first and the unit tests last, where they fill a worker
   while the other finishes a long module: pytest collects ``tests/`` folder by folder in
   alphabetical order (e2e, integration, unit), those on the session stack moved first
-  (``tests/e2e/conftest.py``), and ``loadfile`` hands modules out in that order
+  (``tests/shared_stack.py``), and ``loadfile`` hands modules out in that order
   (``--no-loadscope-reorder``, in the Makefile, keeps it from putting the modules with
   the most tests first). On workers the session stack stops at the end of the run.
 

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,8 +27,12 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from infergate.registry import Registry
 from infergate.stack.processes import free_ports
 from infergate.versions import SPEC_FILE
+from shared_stack import (  # noqa: F401  # the hooks that stop the shared stack early
+    pytest_collection_modifyitems,
+    pytest_runtest_teardown,
+    stopping,
+)
 from triton_process import RunningTriton, running_triton
-from workers import worker_run
 
 
 @pytest.fixture(scope="module")
@@ -125,47 +129,6 @@ def running_stack(
         assert down.returncode == 0, down.stderr
 
 
-# The session stack stops after the last test on it rather than at the end of the run:
-# idle, a stack still takes about a fifth of a core (Ray's agents and actors, the replicas'
-# flushes), which the modules with stacks of their own and the unit tests are better
-# given. Its modules run first for that. On pytest-xdist's workers it stops at the end:
-# a worker does not know which modules it will be handed.
-SESSION_STACK = pytest.StashKey[ExitStack]()
-LAST_ON_SESSION_STACK = pytest.StashKey[str | None]()
-
-
-def on_session_stack(item: pytest.Item) -> bool:
-    """Whether ``item`` asks for the session's ``stack``, directly or through a module
-    fixture of that name that builds on it (registering its own models there)."""
-    if "stack" not in item.fixturenames:
-        return False
-    definitions = item._fixtureinfo.name2fixturedefs.get("stack", ())  # outermost first
-    for definition in reversed(definitions):
-        if definition.scope == "session":
-            return True
-        if "stack" not in definition.argnames:  # a stack of the module's own
-            return False
-    return False
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not on_session_stack(item))  # stable: otherwise as collected
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    torn_down = yield
-    stash = item.config.stash
-    if worker_run(item.config) is not None or SESSION_STACK not in stash:
-        return torn_down
-    if LAST_ON_SESSION_STACK not in stash:
-        on_it = [other.nodeid for other in item.session.items if on_session_stack(other)]
-        stash[LAST_ON_SESSION_STACK] = on_it[-1] if on_it else None
-    if item.nodeid == stash[LAST_ON_SESSION_STACK]:
-        stash[SESSION_STACK].close()  # `infergate down`
-    return torn_down
-
-
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[Stack]:
     state_dir = tmp_path_factory.mktemp("stack")
@@ -173,8 +136,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config)
     # The payload log's texts redacted by the demo's PII model (test_stack.py checks it).
     env.update({"INFERGATE_FRONTEND__PAYLOADS__TEXTS": "redact",
                 "INFERGATE_FRONTEND__PAYLOADS__REDACT_MODEL": REDACT_MODEL})  # fmt: skip
-    with ExitStack() as stops:
-        pytestconfig.stash[SESSION_STACK] = stops
+    with stopping(pytestconfig) as stops:  # after the last test on it (shared_stack.py)
         yield stops.enter_context(running_stack(state_dir, env, "--demo", timeout_s=1800))
 
 
