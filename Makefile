@@ -20,9 +20,9 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # The package is installed in place, so pip compiles none of its modules; where
-# PYTHONDONTWRITEBYTECODE is set (as on the CI machines), every process would compile what
-# it imports, every time: about 0.3 s of CPU for each CLI call, replica or actor. Compiled
-# here instead, and again after an edit (only what changed).
+# PYTHONDONTWRITEBYTECODE is set (it is on the machines these tests ran on), every process
+# would compile what it imports, every time: about 0.3 s of CPU for each CLI call, replica
+# or actor. Compiled here instead, and again after an edit (only what changed).
 install: $(STAMP)
 	$(PY) -m compileall -q platform
 
