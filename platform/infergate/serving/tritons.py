@@ -51,7 +51,7 @@ class Tritons:
         self._holders = holders
         self._channels: dict[str, TritonChannel] = {default.url: default}
         self._turn = itertools.count()
-        self._calls: dict[int, int] = {}  # calls out, by id of the channel
+        self._calls: dict[TritonChannel, int] = {}  # calls out, by channel
         self._closing: set[asyncio.Task[None]] = set()
 
     def channel(self, model: str) -> TritonChannel:
@@ -75,12 +75,11 @@ class Tritons:
         extra: Mapping[str, np.ndarray] | None = None,
     ) -> np.ndarray:
         channel = self.channel(model)
-        key = id(channel)
-        self._calls[key] = self._calls.get(key, 0) + 1
+        self._calls[channel] = self._calls.get(channel, 0) + 1
         try:
             return await channel.infer(model, input_ids, attention_mask, output_name, extra=extra)
         finally:
-            self._calls[key] -= 1
+            self._calls[channel] -= 1
 
     def retain(self, urls: Iterable[str]) -> None:
         """Keep the channels to ``urls`` (and the configured one); close the others once
@@ -93,9 +92,9 @@ class Tritons:
             task.add_done_callback(self._closing.discard)
 
     async def _close_when_idle(self, channel: TritonChannel) -> None:
-        while self._calls.get(id(channel)):
+        while self._calls.get(channel):
             await asyncio.sleep(CLOSE_POLL_S)
-        self._calls.pop(id(channel), None)
+        self._calls.pop(channel, None)
         await channel.close()
 
     async def close(self) -> None:
