@@ -23,15 +23,27 @@ MODEL = "rollout"
 
 
 @pytest.fixture(scope="module")
-def registry(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Registry:
-    """A model ``rollout`` with version 1 as champion, registered over the CLI."""
+def registry(
+    stack: Stack, http: httpx.Client, tmp_path_factory: pytest.TempPathFactory
+) -> Registry:
+    """A model ``rollout`` with version 1 as champion, served."""
     folder = tiny_bert(tmp_path_factory.mktemp("rollout") / "m", "text-classification")
-    result = stack.cli(
-        "register", str(folder), "--name", MODEL, "--task", "text-classification",
-        "--precision", "fp32", "--alias", "champion", "--quiet", "--tracking-uri", stack.mlflow,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
+    stack.register(
+        folder, MODEL, "text-classification", "--precision", "fp32", "--alias", "champion"
+    )
+    answering(http, MODEL)
     return Registry(stack.mlflow)
+
+
+def answering(http: httpx.Client, model: str) -> None:
+    """Wait until ``model``'s champion answers: the control plane loads a registered
+    version within seconds of its webhook, and a test's rollout needs it first."""
+
+    def answers() -> bool:
+        reply = http.post(f"/v1/models/{model}/predict", json={"inputs": "good film"})
+        return reply.status_code == 200
+
+    wait_for(answers, 120, f"{model}'s champion answering")
 
 
 def new_version(registry: Registry, tmp_path: Path, **broken: bool) -> str:
@@ -372,6 +384,7 @@ def test_an_embedding_canary_is_judged_by_its_neighbours_on_live_texts(
     stack.register(tiny_bert(tmp_path / "canary", "feature-extraction", seed=seed), EMBED,
                    "feature-extraction", "--precision", "fp32")  # fmt: skip
     version = max((v.version for v in client.search_model_versions(f"name='{EMBED}'")), key=int)
+    answering(http, EMBED)
     answered: Counter[str] = Counter()
     rng = random.Random(seed)
 
@@ -438,6 +451,7 @@ def test_a_classifier_retrained_with_another_seed_is_promoted_through_every_step
         minilm_dir(), SENTIMENT_DATA, tmp_path / "seed-1", seed=1, progress=False
     )
     stack.register(seed_1.model_dir, RETRAINED, "text-classification", "--precision", "fp32")
+    answering(http, RETRAINED)
     version = max((v.version for v in client.search_model_versions(f"name='{RETRAINED}'")),
                   key=int)  # fmt: skip
     texts = [line.split("\t", 1)[-1] for line in SENTIMENT_DATA.read_text().splitlines()[1:]]

@@ -51,20 +51,12 @@ def panel_queries() -> list[tuple[str, str, str]]:
 
 def test_every_panel_query_returns_data(stack: Stack, http: httpx.Client, tmp_path):
     # The other tasks' output panels need their models: a tiny one each.
+    champion = ("--precision", "fp32", "--alias", "champion")
     for task, name, labels, _ in OTHER_TASKS:
-        folder = tiny_bert(tmp_path / name, task, labels=labels)
-        registered = stack.cli(
-            "register", str(folder), "--name", name, "--task", task, "--precision", "fp32",
-            "--alias", "champion", "--quiet", "--tracking-uri", stack.mlflow,
-        )  # fmt: skip
-        assert registered.returncode == 0, registered.stderr[-2000:]
+        stack.register(tiny_bert(tmp_path / name, task, labels=labels), name, task, *champion)
     # The translation panels (output tokens, decoding time per token) need a seq2seq model.
-    registered = stack.cli(
-        "register", str(tiny_marian(tmp_path / "marian")), "--name", TRANSLATION[0],
-        "--task", "translation", "--precision", "fp32", "--alias", "champion", "--quiet",
-        "--tracking-uri", stack.mlflow,
-    )  # fmt: skip
-    assert registered.returncode == 0, registered.stderr[-2000:]
+    marian = tiny_marian(tmp_path / "marian")
+    stack.register(marian, TRANSLATION[0], "translation", *champion)
     # The rollout panels need a canary: sentiment gets one, at half the traffic.
     canary = clone_version(Registry(stack.mlflow), "sentiment", "1", tmp_path)
     started = stack.cli("canary", "start", "sentiment", "--version", canary, "--weight", "50",
