@@ -104,4 +104,12 @@ def check_every_panel(stack: Stack, http: httpx.Client) -> None:
         if not empty or time.monotonic() > deadline:
             break
         time.sleep(5)
+    # A metric whose label sets outgrew Ray's agent loses series (docs/monitoring.md#limits):
+    # say so rather than only that its panels are empty.
+    overflow = (
+        'count by (__name__) ({__name__=~"infergate_.+", otel_metric_overflow="true"}'
+        ' or {__name__=~"infergate_.+", otel_metrics_overflow="true"})'
+    )
+    overflowed = httpx.get(url, params={"query": overflow}).json()["data"]["result"]
+    assert not overflowed, f"Ray's agent folded label sets into overflow series: {overflowed}"
     assert not empty, "panels without data:\n" + "\n".join(empty)

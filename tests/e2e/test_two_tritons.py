@@ -12,6 +12,7 @@ user's clients: httpx for the stack, tritonclient for what each Triton holds and
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -122,6 +123,10 @@ def _successes(triton: TritonHost, name: str) -> int:
     return int(stats["inference_stats"]["success"]["count"])
 
 
+def _counted(triton: TritonHost, name: str, at_least: int) -> bool:
+    return _successes(triton, name) >= at_least
+
+
 def test_each_triton_holds_versions_of_its_own_and_requests_go_where_they_are(tritons, http):
     cold_starts = 0
     holders: set[str] = set()  # the Tritons that answered a rotating version
@@ -147,7 +152,7 @@ def test_each_triton_holds_versions_of_its_own_and_requests_go_where_they_are(tr
             # A backend reports a request's statistics after it has sent the answer, so
             # the last count may land a moment after the client has it.
             wait_for(
-                lambda: _successes(holder, name) - before >= 4,
+                functools.partial(_counted, holder, name, before + 4),
                 10,
                 f"{holder.host.address} counting the four requests for {name}",
             )

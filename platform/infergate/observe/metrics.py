@@ -3,8 +3,9 @@
 Front-end replicas record through Ray's metrics API, so one scrape of each node's Ray
 metrics agent reaches every replica on it. Ray prefixes application metrics with
 ``ray_``; the Prometheus scrape config (``deployments/prometheus.yml``) renames
-``ray_infergate_*`` back to ``infergate_*`` and drops Ray's per-process labels, so the
-names below are the names in Prometheus, in the dashboards and in the alert rules.
+``ray_infergate_*`` back to ``infergate_*`` (each histogram bucket's gauge back to its
+``_bucket`` series) and drops Ray's per-session labels, so the names below are the names
+in Prometheus, in the dashboards and in the alert rules.
 
 Histograms are standard Prometheus histogram series (``_bucket``/``_sum``/``_count``)
 with explicit buckets; replicas sum them (and their counters) in process and hand Ray the

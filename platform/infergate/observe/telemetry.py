@@ -5,7 +5,8 @@ API (exported by each node's Ray metrics agent), ``NullTelemetry`` records nothi
 
 A replica adds every observation to in-process totals (``Totals``) and its owner hands
 Ray the totals about once a second (``flush``), as gauges named like Prometheus counters
-and histogram series (``_bucket{le=...}``, ``_sum``, ``_count``). A request only joins a
+and histogram series (``_bucket{le=...}``, ``_sum``, ``_count``; each bucket under a
+name of its own in Ray, see ``bucket_gauges``). A request only joins a
 backlog (``RayTelemetry.request``, ``infergate.observe.backlog``); the totals take it in
 at the next read (a flush), or once it is full, a histogram's values in one numpy pass instead
 of a Python call per value: about a quarter of the replica's own request path, measured
@@ -141,7 +142,7 @@ class _Histogram:
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.bounds_array = np.asarray(bounds, dtype=np.float64)
-        self.les = [repr(float(bound)) for bound in bounds] + ["+Inf"]  # 0.005, 1.0, +Inf
+        self.les = bucket_labels(bounds)
         self.counts = [0] * (len(bounds) + 1)  # the last one counts values above every bound
         self.sum = 0.0
         self.count = 0
@@ -188,11 +189,31 @@ def _category_counts(figures: list[Figures]) -> Iterator[tuple[tuple[str, ...], 
         yield names, np.concatenate(parts).sum(axis=0).tolist()
 
 
+def bucket_labels(bounds: tuple[float, ...]) -> list[str]:
+    """The ``le`` label of each bucket: ``0.005``, ``1.0``, ..., ``+Inf``."""
+    return [repr(float(bound)) for bound in bounds] + ["+Inf"]
+
+
+def bucket_gauges(metric: m.Metric) -> list[tuple[str, str]]:
+    """``(le, gauge name)`` of each bucket of histogram ``metric``.
+
+    Ray gets each bucket as a metric of its own (``..._bucket_00``, ``_01``, ...), which
+    the scrape of Ray's agent names ``..._bucket`` again, ``le`` as it was
+    (``deployments/prometheus.yml``). Ray's metrics agent keeps at most 2,000 label sets
+    per metric for its whole life and folds later ones into one overflow series. With
+    ``le`` among the labels, the 22 buckets of the four stages' latency took 88 of them per
+    (version, replica process): 22 such pairs filled it. One metric per bucket gives
+    every histogram as much room as a counter (``docs/monitoring.md#limits``)."""
+    labels = bucket_labels(metric.buckets)
+    return [(le, f"{metric.full_name}_bucket_{i:02d}") for i, le in enumerate(labels)]
+
+
 def series_definitions() -> Iterator[tuple[str, str, Labels]]:
-    """``(series name, description, label names)`` of every gauge a replica sets."""
+    """``(gauge name, description, label names)`` of every gauge a replica sets."""
     for metric in m.FRONTEND:
         if metric.kind == "histogram":
-            yield f"{metric.full_name}_bucket", metric.description, (*metric.labels, "le")
+            for _, name in bucket_gauges(metric):
+                yield name, metric.description, (*metric.labels, "le")
             yield f"{metric.full_name}_sum", metric.description, metric.labels
             yield f"{metric.full_name}_count", metric.description, metric.labels
         else:
@@ -212,6 +233,13 @@ class RayTelemetry:
         self._gauges = {
             name: ray_metrics.Gauge(name, description=description, tag_keys=labels)
             for name, description, labels in series_definitions()
+        }
+        # A bucket series (name and le) -> the name of the gauge Ray gets for it.
+        self._bucket_gauges = {
+            (f"{metric.full_name}_bucket", le): name
+            for metric in m.FRONTEND
+            if metric.kind == "histogram"
+            for le, name in bucket_gauges(metric)
         }
 
     @property
@@ -283,7 +311,9 @@ class RayTelemetry:
 
     def flush(self) -> None:
         for name, tags, value in self.totals.samples():
-            self._gauges[name].set(value, tags)
+            le = tags.get("le")
+            gauge = name if le is None else self._bucket_gauges[name, le]
+            self._gauges[gauge].set(value, tags)
 
     def shadow(self, model: str, version: str, counters: ShadowCounters) -> None:
         """A canary in shadow's counters, as they stand (cumulative, like the totals)."""

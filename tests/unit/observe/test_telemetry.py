@@ -1,15 +1,18 @@
 """In-process metric totals: Prometheus histogram semantics, exact sums, every series a
 replica sets declared once."""
 
+import re
 from dataclasses import replace
 
 import numpy as np
 import pytest
+import yaml
 
+from infergate.config import PROJECT_ROOT
 from infergate.observe import metrics as m
 from infergate.observe.backlog import MAX_REQUESTS
 from infergate.observe.counters import ShadowCounters
-from infergate.observe.telemetry import RayTelemetry, Totals, series_definitions
+from infergate.observe.telemetry import RayTelemetry, Totals, bucket_gauges, series_definitions
 from infergate.serving.runtime import Prediction, Timings
 from infergate.serving.tokenization import Batch
 from infergate.tasks import Figures
@@ -95,8 +98,9 @@ def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
     declared = {name: set(labels) for name, _, labels in series_definitions()}
     samples = by_name(telemetry.totals)
     for (name, tags), value in samples.items():
-        assert {key for key, _ in tags} == declared[name], name
-        assert gauges[name].values[tags] == value
+        gauge = gauge_name(name, dict(tags))
+        assert {key for key, _ in tags} == declared[gauge], name
+        assert gauges[gauge].values[tags] == value
     recorded = {name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
                 for name, _ in samples}  # fmt: skip
     assert recorded == {metric.full_name for metric in m.FRONTEND} - {
@@ -114,6 +118,38 @@ def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
     assert samples[("infergate_requests_total", (("model", "s"), ("status", "404"),
                                                  ("version", "1")))] == 1  # fmt: skip
     assert samples[("infergate_truncated_texts_total", (("model", "e"), ("version", "1")))] == 1
+
+
+def gauge_name(series: str, tags: dict[str, str]) -> str:
+    """The Ray gauge of a series: a bucket's own (its index among the histogram's)."""
+    if "le" not in tags:
+        return series
+    (metric,) = [h for h in m.FRONTEND if f"{h.full_name}_bucket" == series]
+    return dict(bucket_gauges(metric))[tags["le"]]
+
+
+def test_each_bucket_is_a_gauge_of_its_own_that_prometheus_names_back():
+    # Ray's agent keeps 2,000 label sets per name: le is no longer one of a name's labels.
+    names = [name for name, _, _ in series_definitions()]
+    assert len(names) == len(set(names))
+    assert gauge_name("infergate_request_duration_seconds_bucket", {"le": "0.001"}) == (
+        "infergate_request_duration_seconds_bucket_01"
+    )
+    assert gauge_name("infergate_request_duration_seconds_bucket", {"le": "+Inf"}) == (
+        f"infergate_request_duration_seconds_bucket_{len(m.DURATION.buckets):02d}"
+    )
+    # The scrape's rule (deployments/prometheus.yml) gives every bucket gauge its name back.
+    config = yaml.safe_load((PROJECT_ROOT / "deployments" / "prometheus.yml").read_text())
+    (ray,) = [job for job in config["scrape_configs"] if job["job_name"] == "ray"]
+    rename = [r for r in ray["metric_relabel_configs"] if r.get("regex", "").endswith("[0-9]+")]
+    (rule,) = rename
+    for name in names:
+        match = re.fullmatch(rule["regex"], name)
+        series = name.rsplit("_", 1)[0]
+        if series.endswith("_bucket"):
+            assert match and rule["replacement"].replace("$1", match[1]) == series, name
+        else:
+            assert match is None, name
 
 
 def test_the_control_planes_counter_is_never_a_replica_gauge():
