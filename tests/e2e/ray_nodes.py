@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,21 +144,34 @@ ray.get(actor.current_epoch.remote(), timeout=60)
 
 def place_control_actor(cluster: Cluster, stack: Stack, ip: str) -> None:
     """The ControlState actor on the node at ``ip``: the control plane stopped (a lost pod),
-    the actor moved there through Ray's API, the control plane started again. Node affinity
-    is soft (so that Ray can restart the actor elsewhere): a busy node's raylet may turn the
-    lease down and the actor land on another node, so the move is tried again."""
+    the actor moved there through Ray's API, the control plane started again (moved or
+    not, so that a failed move fails this test alone)."""
     placed = cluster.control_actor()
     if placed is not None and placed[0] == ip:
         return
     os.kill(control_plane_pid(stack), signal.SIGKILL)
-    for _ in range(5):
+    try:
+        placed = _move_control_actor(cluster, stack, ip)
+    finally:
+        restarted = stack.cli("up", "--detach", timeout=300)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert cluster.control_actor() == placed  # the control plane took it as it was
+
+
+def _move_control_actor(cluster: Cluster, stack: Stack, ip: str) -> tuple[str, int]:
+    """Node affinity is soft (so that Ray can restart the actor elsewhere): a busy node's
+    raylet may turn the lease down and the actor land on another node. A clean-clone run
+    saw five moves in a row, within 25 s, land on the head: the move is tried again, with
+    a pause, for two minutes."""
+    landed = []
+    deadline = time.monotonic() + 120
+    while True:
         command = [sys.executable, "-c", MOVE_CONTROL_ACTOR, cluster.node_id(ip)]
         moved = subprocess.run(command, env=stack.env, capture_output=True, text=True, timeout=300)
         assert moved.returncode == 0, moved.stderr[-2000:]
         placed = wait_for(cluster.control_actor, 60, "the moved actor alive")
         if placed[0] == ip:
-            break
-    assert placed is not None and placed[0] == ip, (placed, ip)
-    restarted = stack.cli("up", "--detach", timeout=300)
-    assert restarted.returncode == 0, restarted.stderr[-3000:]
-    assert cluster.control_actor() == placed  # the control plane took it as it was
+            return placed
+        landed.append(placed[0])
+        assert time.monotonic() < deadline, f"the actor landed on {landed}, never on {ip}"
+        time.sleep(3)
