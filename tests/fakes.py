@@ -2,6 +2,7 @@
 that passes against it would pass against the real thing:
 
 - ``asgi``: a front-end served as Ray Serve's ingress serves it;
+- ``answered``: a version's answer to a batch of texts, for telemetry and monitors;
 - ``FakeClock``: time that moves only when a test moves it;
 - ``Recorder``: a replica's telemetry and monitors, keeping what they were told;
 - ``FakeVersion``: a loaded version that answers at once, fails or hangs;
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from infergate.errors import BackendUnavailable, ModelNotFound, RegistrationErro
 from infergate.observe.counters import ShadowCounters
 from infergate.observe.monitor import Monitors
 from infergate.serving.runtime import Prediction, Timings
+from infergate.serving.tokenization import Batch
 from infergate.versions import SPEC_FILE, ServedVersion
 
 if TYPE_CHECKING:
@@ -54,6 +56,24 @@ def asgi(frontend: Frontend) -> Callable[[Scope, Receive, Send], Awaitable[None]
         await response(scope, receive, send)
 
     return app
+
+
+def answered(
+    raw: np.ndarray,
+    labels: Sequence[str] = (),
+    *,
+    tokens: int = 4,
+    timings: Timings | None = None,
+    first_truncated: bool = False,
+) -> Prediction:
+    """A version's answer ``raw`` to ``len(raw)`` texts of ``tokens`` tokens each, as the
+    runtime hands it to telemetry and monitors (the first text cut if ``first_truncated``)."""
+    n = len(raw)
+    truncated = np.zeros(n, bool)
+    truncated[:1] = first_truncated
+    ids = np.zeros((n, 4), np.int64)
+    batch = Batch(ids, np.ones_like(ids), np.full(n, tokens), np.zeros(n), truncated)
+    return Prediction([], batch, raw, timings or Timings(), list(labels))
 
 
 class FakeClock:

@@ -17,6 +17,7 @@ import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from fakes import answered
 from infergate.config import PROJECT_ROOT
 from infergate.dashboards.promql import known_metric_names
 from infergate.observe import metrics as m
@@ -258,18 +259,15 @@ def test_a_replicas_latency_histograms_stay_whole_past_the_label_set_limit(ray_a
     stages of latency are 30 x 4 x 22 = 2,640 bucket series, more than the agent keeps per
     metric; each bucket a metric of its own, every version's histogram arrives whole."""
     from infergate.observe.telemetry import RayTelemetry
-    from infergate.serving.runtime import Prediction, Timings
-    from infergate.serving.tokenization import Batch
+    from infergate.serving.runtime import Timings
 
     versions = [str(v) for v in range(1, 31)]
     buckets = len(m.DURATION.buckets) + 1
     assert len(versions) * len(m.STAGES) * buckets > RAY_LABEL_SETS
-    batch = Batch(np.zeros((1, 4), np.int64), np.ones((1, 4), np.int64), np.full(1, 4),
-                  np.zeros(1), np.array([False]))  # fmt: skip
-    answered = Prediction([], batch, np.ones((1, 8)), Timings(0.001, 0.002, 0.0005), [])
+    answer = answered(np.ones((1, 8)), timings=Timings(0.001, 0.002, 0.0005))
     telemetry = RayTelemetry()
     for version in versions:
-        telemetry.request("many", version, 200, answered, 0.004)
+        telemetry.request("many", version, 200, answer, 0.004)
     series = 'count by (version) (infergate_request_duration_seconds_bucket{model="many"})'
 
     whole = {version: len(m.STAGES) * buckets for version in versions}

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -202,8 +202,9 @@ def bucket_gauges(metric: m.Metric) -> list[tuple[str, str]]:
     (``deployments/prometheus.yml``). Ray's metrics agent keeps at most 2,000 label sets
     per metric for its whole life and folds later ones into one overflow series. With
     ``le`` among the labels, the 22 buckets of the four stages' latency took 88 of them per
-    (version, replica process): 22 such pairs filled it. One metric per bucket gives
-    every histogram as much room as a counter (``docs/monitoring.md#limits``)."""
+    (version, replica process): 22 such pairs filled it. With a metric per bucket, a
+    histogram has the room of a counter with the same labels: 2,000 pairs, or 500 for the
+    latency's four stages (``docs/monitoring.md#limits``)."""
     labels = bucket_labels(metric.buckets)
     return [(le, f"{metric.full_name}_bucket_{i:02d}") for i, le in enumerate(labels)]
 
@@ -309,11 +310,14 @@ class RayTelemetry:
     def caller(self, key: str, model: str, status: int) -> None:
         self._totals.inc(m.KEY_REQUESTS, (key, model, str(status)))
 
+    def gauge_of(self, series: str, tags: Mapping[str, str]) -> str:
+        """The Ray gauge that carries ``series`` with ``tags``: a bucket's own for a bucket."""
+        le = tags.get("le")
+        return series if le is None else self._bucket_gauges[series, le]
+
     def flush(self) -> None:
         for name, tags, value in self.totals.samples():
-            le = tags.get("le")
-            gauge = name if le is None else self._bucket_gauges[name, le]
-            self._gauges[gauge].set(value, tags)
+            self._gauges[self.gauge_of(name, tags)].set(value, tags)
 
     def shadow(self, model: str, version: str, counters: ShadowCounters) -> None:
         """A canary in shadow's counters, as they stand (cumulative, like the totals)."""

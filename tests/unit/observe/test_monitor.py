@@ -6,12 +6,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from fakes import FakeClock, Recorder
+from fakes import FakeClock, Recorder, answered
 from infergate.observe.backlog import MAX_REQUESTS
 from infergate.observe.monitor import Monitors
 from infergate.observe.reference import reference_stats
-from infergate.serving.runtime import Prediction, Timings
-from infergate.serving.tokenization import Batch
+from infergate.serving.runtime import Prediction
 from infergate.versions import ServedVersion
 
 LABELS = ["negative", "positive"]
@@ -24,10 +23,7 @@ def runtime(reference: dict) -> SimpleNamespace:
 
 
 def prediction(n: int, positive: float) -> Prediction:
-    probs = np.tile([1 - positive, positive], (n, 1))
-    batch = Batch(np.zeros((n, 4), np.int64), np.ones((n, 4), np.int64), np.full(n, 10),
-                  np.zeros(n), np.zeros(n, bool))  # fmt: skip
-    return Prediction([], batch, probs, Timings(), LABELS)
+    return answered(np.tile([1 - positive, positive], (n, 1)), LABELS, tokens=10)
 
 
 def test_counts_errors_latency_and_classes_per_version():

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import yaml
 
+from fakes import answered
 from infergate.config import PROJECT_ROOT
 from infergate.observe import metrics as m
 from infergate.observe.backlog import MAX_REQUESTS
 from infergate.observe.counters import ShadowCounters
-from infergate.observe.telemetry import RayTelemetry, Totals, bucket_gauges, series_definitions
+from infergate.observe.telemetry import RayTelemetry, Totals, series_definitions
 from infergate.serving.runtime import Prediction, Timings
-from infergate.serving.tokenization import Batch
 from infergate.tasks import Figures
 
 
@@ -56,10 +56,7 @@ def test_totals_keep_growing_and_label_sets_stay_apart():
 
 
 def prediction(raw: np.ndarray, labels: list[str]) -> Prediction:
-    n = len(raw)
-    batch = Batch(np.zeros((n, 4), np.int64), np.ones((n, 4), np.int64), np.full(n, 4),
-                  np.zeros(n), np.array([True] + [False] * (n - 1)))  # fmt: skip
-    return Prediction([], batch, raw, Timings(0.001, 0.002, 0.0005), labels)
+    return answered(raw, labels, timings=Timings(0.001, 0.002, 0.0005), first_truncated=True)
 
 
 class Gauge:
@@ -98,7 +95,7 @@ def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
     declared = {name: set(labels) for name, _, labels in series_definitions()}
     samples = by_name(telemetry.totals)
     for (name, tags), value in samples.items():
-        gauge = gauge_name(name, dict(tags))
+        gauge = telemetry.gauge_of(name, dict(tags))
         assert {key for key, _ in tags} == declared[gauge], name
         assert gauges[gauge].values[tags] == value
     recorded = {name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
@@ -120,24 +117,16 @@ def test_a_request_records_every_frontend_metric_and_a_flush_sets_each_series():
     assert samples[("infergate_truncated_texts_total", (("model", "e"), ("version", "1")))] == 1
 
 
-def gauge_name(series: str, tags: dict[str, str]) -> str:
-    """The Ray gauge of a series: a bucket's own (its index among the histogram's)."""
-    if "le" not in tags:
-        return series
-    (metric,) = [h for h in m.FRONTEND if f"{h.full_name}_bucket" == series]
-    return dict(bucket_gauges(metric))[tags["le"]]
-
-
 def test_each_bucket_is_a_gauge_of_its_own_that_prometheus_names_back():
-    # Ray's agent keeps 2,000 label sets per name: le is no longer one of a name's labels.
+    # Ray's agent keeps 2,000 label sets per name. A bucket gauge still carries le, with
+    # one value only, so le no longer multiplies a name's label sets.
     names = [name for name, _, _ in series_definitions()]
     assert len(names) == len(set(names))
-    assert gauge_name("infergate_request_duration_seconds_bucket", {"le": "0.001"}) == (
-        "infergate_request_duration_seconds_bucket_01"
-    )
-    assert gauge_name("infergate_request_duration_seconds_bucket", {"le": "+Inf"}) == (
-        f"infergate_request_duration_seconds_bucket_{len(m.DURATION.buckets):02d}"
-    )
+    gauge_of = RayTelemetry().gauge_of
+    series = "infergate_request_duration_seconds_bucket"
+    assert gauge_of(series, {"le": "0.001"}) == f"{series}_01"
+    assert gauge_of(series, {"le": "+Inf"}) == f"{series}_{len(m.DURATION.buckets):02d}"
+    assert gauge_of("infergate_requests_total", {"model": "m"}) == "infergate_requests_total"
     # The scrape's rule (deployments/prometheus.yml) gives every bucket gauge its name back.
     config = yaml.safe_load((PROJECT_ROOT / "deployments" / "prometheus.yml").read_text())
     (ray,) = [job for job in config["scrape_configs"] if job["job_name"] == "ray"]
