@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from infergate.errors import MalformedBody, Unauthorized
+from infergate.files import write_atomically
 
 if TYPE_CHECKING:
     from infergate.registry import Registry
@@ -143,9 +144,7 @@ class SeenDeliveries:
         for _, delivery_id in recent[-self.size :]:
             self._ids[delivery_id] = True
         journal.parent.mkdir(parents=True, exist_ok=True)
-        partial = journal.with_name(journal.name + ".partial")
-        partial.write_text("".join(f"{t} {d}\n" for t, d in recent[-self.size :]))
-        partial.replace(journal)
+        write_atomically(journal, "".join(f"{t} {d}\n" for t, d in recent[-self.size :]))
 
     def first_time(self, delivery_id: str) -> bool:
         """Whether ``delivery_id`` is new; if so it is now under way."""

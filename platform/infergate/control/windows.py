@@ -17,6 +17,7 @@ import json
 import logging
 from pathlib import Path
 
+from infergate.files import write_atomically
 from infergate.observe.counters import VersionCounters, VersionWindow
 
 log = logging.getLogger(__name__)
@@ -81,9 +82,7 @@ class StepWindows:
         text = json.dumps(data)
         if text == self._saved:  # most rounds, and every round while no rollout runs
             return
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text(text)
-        partial.replace(self.path)
+        write_atomically(self.path, text)
         self._saved = text
 
     def _read(self, path: Path) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from infergate.errors import Forbidden, InvalidConfig, RateLimited, Unauthorized
+from infergate.files import write_atomically
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "ig_"
@@ -98,11 +98,7 @@ def write_keys(path: Path, keys: KeyFile) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     body = yaml.safe_dump(keys.model_dump(mode="json", exclude_none=True), sort_keys=False)
     header = "# infergate API keys: digests only; `infergate keys create` adds one.\n"
-    partial = path.with_name(f".{path.name}.partial")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        handle.write(header + body)
-    partial.replace(path)
+    write_atomically(path, header + body, mode=0o600)
 
 
 class TokenBucket:

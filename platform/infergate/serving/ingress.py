@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 
 from infergate.errors import BackendUnavailable
+from infergate.files import write_atomically
 from infergate.http import json_response
 
 PAGE_NAME = "500.http"  # Ray Serve's page for HAProxy's 502, 503 and 504
@@ -47,9 +48,7 @@ def write_error_pages(folder: Path) -> int:
         try:
             if path.read_bytes() == page:
                 continue
-            partial = path.with_name(PAGE_NAME + ".partial")
-            partial.write_bytes(page)
-            partial.replace(path)  # HAProxy never reads half a page
+            write_atomically(path, page)  # HAProxy never reads half a page
             replaced += 1
         except OSError:  # the node's folder went away under us: the next round sees
             continue

@@ -12,9 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from infergate.errors import StackError
+from infergate.files import write_atomically
 from infergate.stack.processes import alive
 
 STATE_FILE = "stack.json"
+
+
+def write_state(state_dir: Path, state: dict[str, Any]) -> None:
+    """Write ``stack.json`` in one step: `up --detach` polls it while it is written, and
+    takes a file it cannot parse for a stale one."""
+    write_atomically(state_dir / STATE_FILE, json.dumps(state, indent=2))
 
 
 def read_state(state_dir: Path) -> dict[str, Any] | None:

@@ -10,13 +10,11 @@ exits (and gives up on one that keeps exiting), and stops them all on Ctrl-C or
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from infergate.config import PROJECT_ROOT, ServeSettings, StackConfig
@@ -35,7 +33,7 @@ from infergate.stack.processes import (
     wait_until,
 )
 from infergate.stack.ray_start import grpc_message_limit, start_ray
-from infergate.stack.state import STATE_FILE
+from infergate.stack.state import STATE_FILE, write_state
 from infergate.triton.client import TritonControl
 from infergate.triton.fleet import TritonFleet
 from infergate.triton.server import (
@@ -269,10 +267,8 @@ class Stack:
             endpoints["ray"] = ray.get_runtime_context().gcs_address
         return endpoints
 
-    def write_state(self) -> Path:
-        path = self.state_dir / STATE_FILE
-        path.write_text(json.dumps(self.endpoints(), indent=2))
-        return path
+    def write_state(self) -> None:
+        write_state(self.state_dir, self.endpoints())
 
     def watch(self, stop_requested: list[bool]) -> None:
         """Block until asked to stop: run the control plane's rounds, and start again a

@@ -35,6 +35,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from infergate.config import TritonSettings
+from infergate.files import write_atomically
 from infergate.tasks import CTRANSLATE2, ONNX, TASKS
 from infergate.tasks.translation import DECODING_INPUT
 from infergate.versions import CT2_DIR, ONNX_FILE
@@ -297,11 +298,11 @@ def write_files(repository: Path, model: ModelFiles) -> Path:
         target = model_dir / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(data, bytes):
-            _write_atomically(target, data)
+            write_atomically(target, data)
         else:
             _place_file(data, target)
     # The config goes last: its presence is what makes the folder a loadable model.
-    _write_atomically(model_dir / "config.pbtxt", render_config(model.config).encode())
+    write_atomically(model_dir / "config.pbtxt", render_config(model.config))
     return model_dir
 
 
@@ -309,12 +310,6 @@ def remove_model(repository: Path, triton_name: str) -> None:
     """Delete a model folder from the repository (unload it from Triton first)."""
     _check_name(triton_name)
     shutil.rmtree(repository / triton_name, ignore_errors=True)
-
-
-def _write_atomically(target: Path, data: bytes) -> None:
-    partial = target.with_name(target.name + ".partial")
-    partial.write_bytes(data)
-    os.replace(partial, target)
 
 
 def _place_file(source: Path, target: Path) -> None:
