@@ -324,18 +324,21 @@ class Stack:
     def stop(self) -> None:
         if self.control is not None:
             self.control.stop()
-        if self._serve_started:
-            import ray
-            from ray import serve
+        try:
+            if self._serve_started and not self.config.serve.external:
+                from ray import serve
 
-            try:
-                if not self.config.serve.external:  # KubeRay owns an external Serve app
-                    serve.shutdown()
-            finally:
+                # The replicas finish their requests first, with Triton still answering.
+                # (KubeRay owns an external Serve app.)
+                serve.shutdown()
+        finally:
+            for child in self.children:  # all at once, and while Ray shuts down
+                child.terminate()
+            if self._serve_started:
+                import ray
+
                 ray.shutdown()
-            self._serve_started = False
-        for child in self.children:  # all at once: each takes a second or two to exit
-            child.terminate()
+                self._serve_started = False
         for child in self.children:
             child.stop()
         self.children.clear()
