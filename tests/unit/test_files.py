@@ -24,3 +24,13 @@ def test_a_file_of_secrets_is_readable_by_its_owner_only(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE((tmp_path / "page.http").stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_partial_file_a_crash_left_does_not_lend_its_mode(tmp_path):
+    target = tmp_path / "keys.yaml"
+    leftover = tmp_path / "keys.yaml.partial"
+    leftover.write_text("half")
+    leftover.chmod(0o644)
+    write_atomically(target, "digest: x\n", mode=0o600)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert target.read_text() == "digest: x\n" and not leftover.exists()
