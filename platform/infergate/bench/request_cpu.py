@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -59,6 +60,12 @@ def build_frontend(
     from infergate.versions import ServedVersion, Spec
 
     tokenize_serially()
+    try:  # the replica's collector setting, in the trees that have it
+        from infergate.serving.gc_tuning import collect_young_objects_rarely
+    except ImportError:
+        pass
+    else:
+        collect_young_objects_rarely()
     spec = Spec.from_dict(json.loads((served_dir / "infergate.json").read_text()))
     reference = json.loads((served_dir / "reference_stats.json").read_text())
     tokenizer = TextTokenizer.from_dir(served_dir / "tokenizer", spec.max_length)
@@ -73,6 +80,26 @@ def build_frontend(
     models = {model: ServedModel(model, spec.task, (runtime,))}
     frontend = Frontend(settings, backend, models, telemetry=telemetry, monitors=monitors)
     return frontend, monitors, telemetry
+
+
+class CollectorClock:
+    """The time the garbage collector takes in this process, from its own callbacks."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self._started = 0.0
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.collections += 1
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on_collection)
 
 
 async def _drive(args: argparse.Namespace) -> list[dict[str, float]]:
@@ -158,9 +185,11 @@ async def _drive(args: argparse.Namespace) -> list[dict[str, float]]:
     tasks.append(asyncio.create_task(refresh()))
     await asyncio.sleep(args.warmup_s)
     windows = []
+    collector = CollectorClock()
     end = time.perf_counter() + args.seconds
     while time.perf_counter() < end:
         requests0, cpu0, wall0 = done, time.process_time(), time.perf_counter()
+        gc0, collections0 = collector.seconds, collector.collections
         await asyncio.sleep(args.window_s)
         requests = done - requests0
         windows.append(
@@ -168,8 +197,11 @@ async def _drive(args: argparse.Namespace) -> list[dict[str, float]]:
                 "requests": requests,
                 "cpu_s": time.process_time() - cpu0,
                 "wall_s": time.perf_counter() - wall0,
+                "gc_s": collector.seconds - gc0,
+                "collections": collector.collections - collections0,
             }
         )
+    collector.close()
     stop = True
     await asyncio.gather(*tasks, return_exceptions=True)
     if failed:
@@ -263,7 +295,8 @@ def per_request_us(window: dict[str, float]) -> float:
 
 def summary(windows: list[dict[str, float]], texts: int) -> dict[str, float]:
     """CPU us per request over every window (median, least, quartiles) and over the
-    whole run; ``per_sequence`` divides by the texts of a request."""
+    whole run; ``per_sequence`` divides by the texts of a request; ``gc_us``: the
+    garbage collector's time per request over the run."""
     figures = sorted(per_request_us(w) for w in windows if w["requests"])
     quartiles = statistics.quantiles(figures, n=4) if len(figures) > 1 else figures * 3
     requests = sum(w["requests"] for w in windows)
@@ -276,6 +309,8 @@ def summary(windows: list[dict[str, float]], texts: int) -> dict[str, float]:
         "overall_us": overall,
         "overall_per_sequence_us": overall / texts,
         "req_per_s": requests / sum(w["wall_s"] for w in windows),
+        "gc_us": sum(w.get("gc_s", 0.0) for w in windows) / requests * 1e6,
+        "collections": sum(w.get("collections", 0) for w in windows),
     }
 
 
@@ -345,7 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"IQR {figures['q1_us']:.0f}-{figures['q3_us']:.0f}), "
                         f"overall {figures['overall_us']:.0f} us/request = "
                         f"{figures['overall_per_sequence_us']:.1f} us/sequence "
-                        f"at {figures['req_per_s']:.0f} req/s",
+                        f"at {figures['req_per_s']:.0f} req/s; garbage collector "
+                        f"{figures['gc_us']:.1f} us/request ({figures['collections']} collections)",
                         flush=True,
                     )
     finally:

@@ -1,10 +1,11 @@
 """The side-by-side request-path measurement's figures, from its workers' windows."""
 
+import gc
 import math
 
 import pytest
 
-from infergate.bench.request_cpu import per_request_us, summary
+from infergate.bench.request_cpu import CollectorClock, per_request_us, summary
 
 
 def window(requests: int, cpu_s: float, wall_s: float = 0.5) -> dict[str, float]:
@@ -22,3 +23,23 @@ def test_cpu_per_request_and_per_sequence_over_the_windows():
     assert figures["overall_us"] == pytest.approx(405)
     assert figures["overall_per_sequence_us"] == pytest.approx(405 / 16)
     assert figures["req_per_s"] == pytest.approx(400 / 2.0)
+
+
+def test_the_collectors_time_per_request_over_the_run():
+    windows = [window(100, 0.030) | {"gc_s": 0.002, "collections": 3}, window(300, 0.090)]
+    figures = summary(windows, texts=1)
+    assert figures["gc_us"] == pytest.approx(5.0)  # 2 ms over 400 requests
+    assert figures["collections"] == 3  # a window from an older worker has none
+
+
+def test_the_collector_clock_times_each_collection():
+    clock = CollectorClock()
+    try:
+        gc.collect()
+        gc.collect(0)
+    finally:
+        clock.close()
+    assert clock.collections == 2
+    assert clock.seconds > 0
+    gc.collect()  # no longer counted
+    assert clock.collections == 2
