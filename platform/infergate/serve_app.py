@@ -24,6 +24,7 @@ from infergate.config import FrontendSettings, ServeSettings
 from infergate.control.state import ControlStateLink, Warmed
 from infergate.observe.telemetry import RayTelemetry
 from infergate.protocols import v2_grpc
+from infergate.serving.gc_tuning import collect_young_objects_rarely
 from infergate.serving.replica import Replica
 from infergate.serving.replica_logs import log_to_replica_file
 from infergate.serving.tokenization import tokenize_serially
@@ -44,6 +45,7 @@ class FrontendDeployment:
 
     async def __init__(self) -> None:  # type: ignore[misc]  # Ray Serve awaits an async __init__
         tokenize_serially()
+        collect_young_objects_rarely()
         log_to_replica_file()
         self._telemetry = RayTelemetry()
         self._replica = Replica(self._telemetry, connect=TritonBackend, warm=self._warm)

@@ -45,6 +45,7 @@ from infergate.observe.monitor import Monitors
 from infergate.protocols.frontend import Frontend
 from infergate.serve_app import replica_options
 from infergate.serving.batching import BatchingBackend
+from infergate.serving.gc_tuning import collect_young_objects_rarely
 from infergate.serving.routing import ServedModel
 from infergate.serving.runtime import ModelRuntime
 from infergate.serving.tokenization import TextTokenizer, tokenize_serially
@@ -96,6 +97,7 @@ class InprocessFrontend:
         from infergate.observe.telemetry import RayTelemetry
 
         tokenize_serially()  # as the platform's replicas do
+        collect_young_objects_rarely()
         t = TritonSettings.model_validate(triton)
         settings = FrontendSettings.model_validate(frontend)
         spec = Spec.from_dict(model["spec"])

@@ -28,6 +28,7 @@ from starlette.responses import Response
 from infergate.config import FrontendSettings, load_config
 from infergate.serve_app import replica_options
 from infergate.serving.batching import BatchingBackend
+from infergate.serving.gc_tuning import collect_young_objects_rarely
 from infergate.serving.postprocess import softmax
 from infergate.serving.tokenization import TextTokenizer, tokenize_serially
 from infergate.triton.client import TritonBackend
@@ -41,6 +42,7 @@ class LeanFrontend:
 
     def __init__(self, settings: dict, tokenizer_dir: str, model: str, spec: dict) -> None:
         tokenize_serially()  # as the platform's replicas do
+        collect_young_objects_rarely()
         frontend = FrontendSettings.model_validate(settings)
         self._tokenizer = TextTokenizer.from_dir(Path(tokenizer_dir), int(spec["max_length"]))
         self._backend = BatchingBackend.from_settings(  # the platform's replicas' coalescing
