@@ -53,6 +53,9 @@ def frontend(error: Exception | None = None) -> Frontend:
 
 
 async def post(app, path: str, body: bytes) -> int:
+    """One POST straight into the ASGI app; its status. Not through httpx or starlette's
+    TestClient: their client side makes cyclic garbage of its own, which would hide the
+    front-end's (bench/request_cpu drives its clients the same way)."""
     status = 0
 
     async def receive() -> dict:
