@@ -6,6 +6,7 @@ fast tokenizers, without the Python wrapper's per-call overhead).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -163,21 +164,32 @@ class TextTokenizer:
         # 16 texts encode in 320 us of CPU instead of 383 us.
         encode = self._tokenizer.encode_batch if offsets else self._tokenizer.encode_batch_fast
         encodings = encode(inputs)
-        input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        attention_mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        lengths = attention_mask.sum(axis=1)
-        # Padding positions are flagged as special too: count only the attended ones.
-        special = np.array([e.special_tokens_mask for e in encodings], dtype=np.int64)
-        content = np.maximum(lengths - (special * attention_mask).sum(axis=1), 1)
-        if self._unk_id is None:
-            unknown = np.zeros(len(texts))
-        else:
-            unknown = ((input_ids == self._unk_id) & (attention_mask == 1)).sum(axis=1) / content
-        truncated = np.array([bool(e.overflowing) for e in encodings])
+        ids = [e.ids for e in encodings]
+        masks = [e.attention_mask for e in encodings]
+        input_ids = np.array(ids, dtype=np.int64)
+        attention_mask = np.array(masks, dtype=np.int64)
+        # The per-text figures counted on the lists: in numpy they cost a single text 14-17
+        # us of CPU beside the 20 us of its encoding. ``__init__`` pads on the right, so a
+        # text's own tokens are the first ``length`` of its row (its padding, flagged
+        # special too, is left out so).
+        lengths = [mask.count(1) for mask in masks]
+        unknown = []
+        for encoding, text_ids, length in zip(encodings, ids, lengths, strict=True):
+            content = max(length - encoding.special_tokens_mask[:length].count(1), 1)
+            unknowns = 0 if self._unk_id is None else text_ids[:length].count(self._unk_id)
+            unknown.append(unknowns / content)
+        batch = Batch(
+            input_ids,
+            attention_mask,
+            np.array(lengths, dtype=np.int64),
+            np.array(unknown, dtype=np.float64),
+            np.array([bool(e.overflowing) for e in encodings]),
+        )
         if not offsets:
-            return Batch(input_ids, attention_mask, lengths, unknown, truncated)
+            return batch
+        special = np.array([e.special_tokens_mask for e in encodings], dtype=np.int64)
         spans = np.array([e.offsets for e in encodings], dtype=np.int64).reshape(
             len(encodings), input_ids.shape[1], 2
         )
         words = [list(e.word_ids) for e in encodings]
-        return Batch(input_ids, attention_mask, lengths, unknown, truncated, spans, special, words)
+        return dataclasses.replace(batch, offsets=spans, special=special, word_ids=words)

