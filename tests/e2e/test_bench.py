@@ -1,10 +1,10 @@
 """`infergate bench --smoke` end to end, in one run: the in-process ceiling, the naive
 FastAPI/PyTorch server (fp32, and int8 by PyTorch's dynamic quantisation), the Triton
 ensemble, the Ray Serve floor, the lean front-end on the whole stack, the short form of
-the task cells (`--tasks`), the gRPC cell and the batch cell, all real processes on free
-ports. One run: the model is prepared and the ceiling measured once for every part, the
-whole stack started once (in the smoke the gRPC, task and batch cells run on the lean
-scenario's stack), each test reading its results.
+the task cells (`--tasks`), the gRPC cell and the batch cell, and the stack before the
+stand-in model, all real processes on free ports. One run: the model is prepared and the
+ceiling measured once for every part, the lean stack started once (in the smoke the gRPC,
+task and batch cells run on it), each test reading its results.
 
 The `infergate` scenario itself and the in-process front-end are left out here only
 because they take longer; `infergate bench --quick` runs them all. The first run on a
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from infergate.bench.analysis import best_ceiling_row, cell_row
+from infergate.bench.analysis import WITHOUT_MODEL, best_ceiling_row, cell_row
 from infergate.bench.grpc_cell import WAYS
 from infergate.bench.workload import PROBE_TEXTS, TARGET_CELLS
 
 # The first test waits for the whole run (its module fixture).
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 SCENARIOS = ("naive", "naive-int8", "ensemble", "floor")  # each a process of its own
-STACK_SCENARIOS = ("lean",)  # on the whole stack
+STACK_SCENARIOS = ("lean", "stand-in")  # on the whole stack
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_ratios_computed_and_missing_targets_reported(results):
         (n, c.key)
         for n in (*SCENARIOS, *STACK_SCENARIOS)
         for c in TARGET_CELLS
-        if c.concurrency == 32 and n != "floor"
+        if c.concurrency == 32 and n not in WITHOUT_MODEL
     }
     assert all(math.isfinite(s["share"]) and s["share"] > 0 for s in results["ceiling_shares"])
     # infergate itself was not run: its targets are listed, marked as not measured.
@@ -197,6 +197,27 @@ def test_the_lean_front_end_answers_on_the_stack_and_leaves_nothing_behind(resul
     assert record["info"]["served_onnx_is_prepared_file"] is True
     shares = {s["cell"]: s["share"] for s in results["ceiling_shares"] if s["scenario"] == "lean"}
     assert set(shares) == {"c32-t1-n16", "c32-t16-n16"} and min(shares.values()) > 0
+
+
+def test_the_stand_in_model_is_registered_served_and_leaves_the_front_end_the_cost(results):
+    """The stack before a model that costs Triton next to nothing, registered from its
+    ONNX file as a user registers one (once per cache): it answers every cell, Triton's
+    CPU per request is a fraction of the replica's, and it has no share of the ceiling."""
+    record = results["scenarios"]["stand-in"]
+    assert "error" not in record, record.get("log_tail")
+    probe = record["probe"]
+    assert probe["status"] == 200 and probe["agrees_with_ceiling"] is None
+    assert len(probe["labels"]) == 2 and set(probe["labels"]) <= {"positive", "negative"}
+    cells = {(c["concurrency"], c["texts"], c["tokens"]): c for c in record["cells"]}
+    assert set(cells) == {(c.concurrency, c.texts, c.tokens) for c in TARGET_CELLS}
+    assert all(c["errors"] == 0 and c["requests_per_s"] > 0 for c in cells.values())
+    assert record["info"]["served_onnx_is_prepared_file"] is True  # the stand-in's graph
+    assert record["info"]["left_after_down"] == []
+    assert "stand-in" not in {s["scenario"] for s in results["ceiling_shares"]}
+    [cost] = [
+        r for r in results["cost"] if (r["scenario"], r["cell"]) == ("stand-in", "c32-t1-n16")
+    ]
+    assert cost["ms_per_request"]["triton"] < cost["ms_per_request"]["replica"], cost
 
 
 def test_the_cost_of_a_request_is_split_by_part_and_priced_in_cores_per_gpu(results, out: Path):

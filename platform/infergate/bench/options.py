@@ -12,8 +12,8 @@ from infergate.bench.cost import H200_FP16_16_TOKENS_SEQUENCES_PER_S
 from infergate.bench.workload import Profile
 
 ALL_SCENARIOS = (
-    "ceiling", "infergate", "lean", "inprocess", "floor", "ensemble", "naive", "naive-int8",
-    "grpc", "batch",
+    "ceiling", "infergate", "stand-in", "lean", "inprocess", "floor", "ensemble", "naive",
+    "naive-int8", "grpc", "batch",
 )  # fmt: skip
 # The scenarios on the whole stack, in the order the gRPC and batch cells (not servers:
 # each runs on the first of them that runs, infergate.bench.grpc_cell and batch_cell)

@@ -14,6 +14,13 @@ classification head), so that every comparison is between the same weights:
 
 Building takes a minute or two (training, export, quantisation, parity); later runs reuse
 the cache. A file lock keeps two harnesses from building it at the same time.
+
+``stand-in/`` holds a second model under the same name for the ``stand-in`` scenario: a
+graph that costs Triton next to nothing (:func:`infergate.bench.stand_in.write_stand_in_graph`)
+with the sentiment model's tokenizer and labels, registered from its ONNX file as a user
+would (``hf/``, ``store/``, ``served/`` as above). On it the stack runs as it would before
+a GPU: Triton no longer holds the rate down, and the front-end's CPU per request is what
+it costs when the front-end is what limits the rate.
 """
 
 from __future__ import annotations
@@ -83,14 +90,14 @@ def locked(cache_dir: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _load(cache_dir: Path) -> PreparedModel | None:
+def _load(cache_dir: Path, hf_name: str = "sentiment-hf") -> PreparedModel | None:
     manifest = cache_dir / MANIFEST
     if not manifest.exists():
         return None
     data = json.loads(manifest.read_text())
     served = cache_dir / "served"
     prepared = PreparedModel(
-        hf_dir=cache_dir / "sentiment-hf",
+        hf_dir=cache_dir / hf_name,
         store_dir=cache_dir / "store",
         onnx_path=served / "model.onnx",
         tokenizer_dir=served / "tokenizer",
@@ -131,6 +138,47 @@ def prepare_model(
         loaded = _load(cache_dir)
         assert loaded is not None
         return loaded
+
+
+def prepare_stand_in(
+    prepared: PreparedModel, *, refresh: bool = False, say: Callable[[str], None] = print
+) -> PreparedModel:
+    """The stand-in model beside ``prepared`` (in its cache's ``stand-in/``), registered
+    first if missing (or if ``refresh``): a few seconds."""
+    cache_dir = prepared.store_dir.parent / "stand-in"
+    with locked(cache_dir):
+        loaded = None if refresh else _load(cache_dir, "hf")
+        if loaded is not None:
+            return loaded
+        for stale in ("hf", "store", "served"):
+            shutil.rmtree(cache_dir / stale, ignore_errors=True)
+        say("registering the stand-in model (once; a few seconds) ...")
+        build_stand_in_folder(prepared.hf_dir, cache_dir / "hf", prepared.spec["output_name"])
+        with mlflow_on(cache_dir / "store", cache_dir / "logs") as uri:
+            version = register_and_download(
+                uri, cache_dir / "hf", MODEL_NAME, TASK, cache_dir / "served"
+            )
+        onnx_sha = sha256(cache_dir / "served" / "model.onnx")
+        manifest = {"model": MODEL_NAME, "version": version, "onnx_sha256": onnx_sha}
+        (cache_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        loaded = _load(cache_dir, "hf")
+        assert loaded is not None
+        return loaded
+
+
+def build_stand_in_folder(hf_dir: Path, out_dir: Path, output_name: str) -> None:
+    """A model folder as a user brings an ONNX-only model: the stand-in graph as
+    ``model.onnx``, and ``hf_dir``'s tokenizer files and config (its labels and length
+    limit) without the architecture, which would name fusions for a graph that has none."""
+    from infergate.bench.stand_in import write_stand_in_graph
+
+    out_dir.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(hf_dir / name, out_dir / name)
+    config = json.loads((hf_dir / "config.json").read_text())
+    config.pop("architectures", None)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    write_stand_in_graph(out_dir / "model.onnx", output_name)
 
 
 def _build_hf_folder(out_dir: Path) -> None:

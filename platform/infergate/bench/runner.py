@@ -44,7 +44,7 @@ from infergate.bench.measure import (
 from infergate.bench.options import ALL_SCENARIOS, STACK_SCENARIOS, BenchOptions, Say
 from infergate.bench.prepare import DEFAULT_CACHE_DIR, prepare_model
 from infergate.bench.scenarios import Scenario
-from infergate.bench.stack_scenarios import InfergateStack, LeanStack
+from infergate.bench.stack_scenarios import InfergateStack, LeanStack, StandInStack
 from infergate.bench.task_cells import TaskRun
 from infergate.bench.workload import PROBE_TEXTS, Profile, TextSets, build_text_sets
 from infergate.config import PROJECT_ROOT, load_config
@@ -53,6 +53,7 @@ SCENARIOS: dict[str, type[Scenario]] = {
     cls.name: cls
     for cls in (
         InfergateStack,
+        StandInStack,
         LeanStack,
         InprocessServe,
         FloorServe,

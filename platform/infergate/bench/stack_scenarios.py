@@ -22,7 +22,7 @@ import numpy as np
 
 from infergate.bench import procfs
 from infergate.bench.loadgen import percentile, run_sync, send_once
-from infergate.bench.prepare import MODEL_NAME, PreparedModel, sha256
+from infergate.bench.prepare import MODEL_NAME, PreparedModel, prepare_stand_in, sha256
 from infergate.bench.scenarios import HOST, START_TIMEOUT_S, Scenario, reap_session
 from infergate.bench.workload import Profile, TextSets
 from infergate.errors import StackError
@@ -176,6 +176,28 @@ class InfergateStack(Scenario):
     def log_tail(self) -> str:
         log = self.state_dir / "logs" / "up.log"
         return "\n".join(log.read_text(errors="replace").splitlines()[-30:]) if log.exists() else ""
+
+
+class StandInStack(InfergateStack):
+    """The same stack serving a model that costs Triton next to nothing (the stand-in,
+    ``prepare.prepare_stand_in``, registered once): the front-end as it runs before a GPU,
+    whose model takes microseconds. On these CPU cores the real model holds the replicas
+    to a few hundred requests a second, where they idle between bursts; here they are what
+    limits the rate, and their CPU per request is what a GPU's front-end would spend."""
+
+    name = "stand-in"
+    description = (
+        "infergate end to end before a stand-in model that costs Triton next to nothing: "
+        "the front-end as it runs before a GPU"
+    )
+
+    def start(self) -> None:
+        self.prepared = prepare_stand_in(self.prepared, say=lambda _: None)
+        self.triton_model = triton_model_name(MODEL_NAME, self.prepared.version)
+        super().start()
+
+    def triton_alone(self, texts: TextSets, profile: Profile) -> list[dict[str, Any]]:
+        return []  # the real model's Triton is the infergate scenario's to measure
 
 
 class LeanStack(InfergateStack):
