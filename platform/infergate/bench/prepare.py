@@ -140,14 +140,13 @@ def prepare_model(
         return loaded
 
 
-def prepare_stand_in(
-    prepared: PreparedModel, *, refresh: bool = False, say: Callable[[str], None] = print
-) -> PreparedModel:
+def prepare_stand_in(prepared: PreparedModel, say: Callable[[str], None] = print) -> PreparedModel:
     """The stand-in model beside ``prepared`` (in its cache's ``stand-in/``), registered
-    first if missing (or if ``refresh``): a few seconds."""
+    first if missing: a few seconds. It takes only the tokenizer and labels from
+    ``prepared``, which a rebuilt benchmark model keeps."""
     cache_dir = prepared.store_dir.parent / "stand-in"
     with locked(cache_dir):
-        loaded = None if refresh else _load(cache_dir, "hf")
+        loaded = _load(cache_dir, "hf")
         if loaded is not None:
             return loaded
         for stale in ("hf", "store", "served"):

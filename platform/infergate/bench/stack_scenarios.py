@@ -192,7 +192,8 @@ class StandInStack(InfergateStack):
     )
 
     def start(self) -> None:
-        self.prepared = prepare_stand_in(self.prepared, say=lambda _: None)
+        say = partial(print, f"[{self.name}]", file=sys.stderr, flush=True)
+        self.prepared = prepare_stand_in(self.prepared, say)
         self.triton_model = triton_model_name(MODEL_NAME, self.prepared.version)
         super().start()
 
