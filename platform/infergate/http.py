@@ -30,9 +30,12 @@ ErrorBody = Callable[[InfergateError], dict[str, Any]]
 JSON = "application/json"
 
 
+def json_bytes(body: Any) -> bytes:
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-    return Response(content, status_code=status, headers=headers, media_type=JSON)
+    return Response(json_bytes(body), status_code=status, headers=headers, media_type=JSON)
 
 
 def error_response(error: InfergateError, body: ErrorBody | None = None) -> Response:

@@ -20,7 +20,15 @@ from starlette.responses import Response
 
 from infergate.config import FrontendSettings
 from infergate.errors import InfergateError
-from infergate.http import SlowUploads, answer, error_response, json_response, read_body
+from infergate.http import (
+    JSON,
+    SlowUploads,
+    answer,
+    error_response,
+    json_bytes,
+    json_response,
+    read_body,
+)
 from infergate.observe.monitor import Monitors
 from infergate.observe.telemetry import Telemetry
 from infergate.protocols import kserve_v2, openai_api, openapi, tei_answers
@@ -252,9 +260,14 @@ class Frontend(TeiHandlers):
             runtime = call.runtime
             assert runtime is not None
             rendered = render(Answer(model, runtime, prediction, parsed))
-            response = rendered if isinstance(rendered, Response) else json_response(rendered)
-            response.headers.update(timing_headers(prediction, call.elapsed_s(), runtime))
-            return response
+            if isinstance(rendered, Response):
+                rendered.headers.update(timing_headers(prediction, call.elapsed_s(), runtime))
+                return rendered
+            # The headers given to the response rather than added to it: Starlette adds
+            # one at a time, each after a scan of those it has.
+            content = json_bytes(rendered)
+            headers = timing_headers(prediction, call.elapsed_s(), runtime)
+            return Response(content, headers=headers, media_type=JSON)
 
     async def _readyz(self, request: Request) -> Response:
         return json_response({"status": "ready", "models": await self.path.ready()})
