@@ -166,3 +166,16 @@ def test_a_tokenizer_without_berts_normaliser_has_no_twin():
     word_level.normalizer = normalizers.NFKC()
     assert ascii_twin(word_level) is None
     assert TextTokenizer(word_level, max_length=8)._ascii is None
+
+
+def test_an_added_token_with_a_space_matched_after_normalising_leaves_no_twin():
+    # The original normaliser makes a tab a space, so "new\tyork" holds this token for it
+    # and not for a twin that only lowercases.
+    from tokenizers import AddedToken, Tokenizer
+
+    from infergate.serving.tokenization import ascii_twin
+
+    library = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
+    assert ascii_twin(library) is not None
+    library.add_tokens([AddedToken("new york", normalized=True)])
+    assert ascii_twin(library) is None
