@@ -114,14 +114,15 @@ def ascii_twin(tokenizer: Tokenizer) -> Tokenizer | None:
     (``tests/unit/serving/test_tokenization.py`` compares them on random ASCII).
     Not for a tokenizer with an added token matched after normalising that holds
     whitespace: there the spaces the original makes of tabs would be seen."""
-    spec = json.loads(tokenizer.to_str())
+    serialized = tokenizer.to_str()
+    spec = json.loads(serialized)
     normalizer = spec.get("normalizer") or {}
     if normalizer.get("type") != "BertNormalizer":
         return None
     added = spec.get("added_tokens") or []
     if any(t.get("normalized") and any(c.isspace() for c in t["content"]) for t in added):
         return None
-    twin = Tokenizer.from_str(tokenizer.to_str())
+    twin = Tokenizer.from_str(serialized)
     lowercase = normalizers.Lowercase() if normalizer.get("lowercase", True) else None
     twin.normalizer = lowercase or normalizers.Sequence([])
     return twin
