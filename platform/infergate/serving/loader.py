@@ -23,5 +23,5 @@ def load_version(served: ServedVersion, registry: Registry, cache_dir: Path) -> 
     spec = Spec.from_dict(registry.load_spec(served.source, cache))
     tokenizer_dir = registry.download(served.source, TOKENIZER_DIR, cache)
     reference = json.loads(registry.download(served.source, REFERENCE_FILE, cache).read_text())
-    tokenizer = TextTokenizer.from_dir(tokenizer_dir, spec.max_length)
+    tokenizer = TextTokenizer.shared(tokenizer_dir, spec.max_length)
     return ModelRuntime(served, spec, tokenizer, reference)

@@ -179,3 +179,29 @@ def test_an_added_token_with_a_space_matched_after_normalising_leaves_no_twin():
     assert ascii_twin(library) is not None
     library.add_tokens([AddedToken("new york", normalized=True)])
     assert ascii_twin(library) is None
+
+
+def test_versions_with_the_same_tokenizer_file_share_one_tokenizer(tmp_path):
+    import gc
+    import json
+    import shutil
+    import weakref
+
+    copy = tmp_path / "copy"
+    shutil.copytree(MINILM, copy)  # another version's folder, the same file
+    first = TextTokenizer.shared(MINILM, max_length=16)
+    assert TextTokenizer.shared(copy, max_length=16) is first
+    assert TextTokenizer.shared(MINILM, max_length=32) is not first  # cut elsewhere
+    # Another file is another tokenizer, even one that tokenizes alike.
+    other_file = tmp_path / "other"
+    other_file.mkdir()
+    spec = json.loads((MINILM / "tokenizer.json").read_text())
+    (other_file / "tokenizer.json").write_text(json.dumps(spec, indent=1))
+    other = TextTokenizer.shared(other_file, max_length=16)
+    assert other is not first
+    assert other(["Hello there"]).input_ids.tolist() == first(["Hello there"]).input_ids.tolist()
+    # Held by nothing, it goes: the next version to load makes its own.
+    gone = weakref.ref(first)
+    del first, other
+    gc.collect()
+    assert gone() is None
