@@ -20,6 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer, normalizers
 
 from infergate.errors import InvalidInput
+from infergate.serving.fast_wordpiece import FastWordPiece
 
 
 def tokenize_serially() -> None:
@@ -74,6 +75,12 @@ class Batch:
     offsets: np.ndarray | None = None
     special: np.ndarray | None = None
     word_ids: list[list[int | None]] | None = None
+
+    def figures(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """What every batch has: ids, mask, lengths, unknown-token ratios, cut or not."""
+        return (
+            self.input_ids, self.attention_mask, self.lengths, self.unknown_ratio, self.truncated
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,12 @@ class TextTokenizer:
         unk_token = getattr(tokenizer.model, "unk_token", None)
         self._unk_id = tokenizer.token_to_id(unk_token) if unk_token else None
         self._ascii = ascii_twin(tokenizer)  # for batches of plain ASCII (made configured)
+        # ... and, alone and without offsets, kitoken's ids (checked against the library)
+        self._fast = (
+            FastWordPiece.build(tokenizer, max_length, direction, self._library)
+            if self._ascii is not None
+            else None
+        )
         self._other_side: TextTokenizer | None = None  # cutting(): made on first use
 
     def cutting(self, direction: str) -> TextTokenizer:
@@ -228,6 +241,20 @@ class TextTokenizer:
         """Encode ``texts``, each as the pair ``(query, text)`` when a query is given (one
         for all, or one per text), with the tokenizer's own pair template and truncation
         (longest first, as transformers')."""
+        fast = self._fast
+        if fast is not None and query is None and not offsets and all(map(plain_ascii, texts)):
+            figures = fast.encode(texts)
+            if figures is not None:
+                return Batch(*figures)
+        return self._library(texts, query, offsets)
+
+    def _library(
+        self,
+        texts: list[str],
+        query: str | Sequence[str] | None = None,
+        offsets: bool = False,
+    ) -> Batch:
+        """``__call__`` by the ``tokenizers`` library (the twin for plain ASCII)."""
         inputs: list[Any] = list(texts)
         if isinstance(query, str):
             inputs = [(query, text) for text in texts]

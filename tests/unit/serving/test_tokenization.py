@@ -106,7 +106,7 @@ def original(tokenizer: TextTokenizer) -> TextTokenizer:
     from tokenizers import Tokenizer
 
     copy = TextTokenizer(Tokenizer.from_str(tokenizer._tokenizer.to_str()), tokenizer.max_length)
-    copy._ascii = None
+    copy._ascii = copy._fast = None
     return copy
 
 
@@ -205,3 +205,59 @@ def test_versions_with_the_same_tokenizer_file_share_one_tokenizer(tmp_path):
     del first, other
     gc.collect()
     assert gone() is None
+
+
+def library_only(max_length: int, direction: str = "right") -> TextTokenizer:
+    """MiniLM's tokenizer with every text through the ``tokenizers`` library."""
+    copy = TextTokenizer.from_dir(MINILM, max_length).cutting(direction)
+    copy._ascii = copy._fast = None
+    return copy
+
+
+@pytest.fixture(scope="module")
+def both_ends() -> dict[str, tuple[TextTokenizer, TextTokenizer]]:
+    """By end cut: the tokenizer as it serves, and the library's alone."""
+    right = TextTokenizer.from_dir(MINILM, max_length=16)
+    return {end: (right.cutting(end), library_only(16, end)) for end in ("right", "left")}
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=ASCII_TEXTS, end=st.sampled_from(["right", "left"]))
+def test_single_plain_texts_take_kitoken_and_encode_as_the_file_does(both_ends, texts, end):
+    served, library = both_ends[end]
+    assert served._fast is not None
+    assert_same_batches(served(texts), library(texts))
+
+
+def test_which_batches_take_kitoken(tokenizer):
+    calls = []
+
+    def library(texts, query=None, offsets=False):
+        calls.append(texts)
+        return TextTokenizer._library(tokenizer, texts, query, offsets)
+
+    tokenizer._library = library
+    try:
+        batch = tokenizer(["Hello there", "WORD " * 100, ""])
+        assert batch.input_ids.shape == (3, 16) and batch.truncated.tolist() == [False, True, False]
+        assert calls == []
+        # A pair, offsets, a character past ASCII, a typed special token (in any case):
+        # the library's.
+        tokenizer(["Hello"], query="what?")
+        tokenizer(["Hello"], offsets=True)
+        tokenizer(["Hello", "naïve"])
+        tokenizer(["Hello", "a [cls] b"])
+        assert len(calls) == 4
+    finally:
+        del tokenizer._library
+
+
+def test_a_fast_path_that_differs_from_the_library_on_a_probe_is_not_used():
+    from infergate.serving.fast_wordpiece import FastWordPiece
+
+    library = library_only(16)
+    file = library._tokenizer  # configured: cut at 16 on the right, padded
+    assert FastWordPiece.build(file, 16, "right", library) is not None
+    # Cut one token later than the library (a budget off by one): refused.
+    assert FastWordPiece.build(file, 17, "right", library) is None
+    assert FastWordPiece.build(file, 16, "left", library) is None  # the other end
