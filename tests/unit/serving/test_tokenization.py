@@ -229,6 +229,15 @@ def test_single_plain_texts_take_kitoken_and_encode_as_the_file_does(both_ends, 
     assert_same_batches(served(texts), library(texts))
 
 
+def test_one_kitoken_per_vocabulary(both_ends):
+    right, left = both_ends["right"][0], both_ends["left"][0]
+    longer = TextTokenizer.from_dir(MINILM, max_length=32)
+    assert right._fast is not None and left._fast is not None and longer._fast is not None
+    assert left._fast._kit is right._fast._kit  # the other end to cut
+    assert longer._fast._kit is right._fast._kit  # another maximum length
+    assert longer(["WORD " * 40]).input_ids.shape == (1, 32)
+
+
 def test_which_batches_take_kitoken(tokenizer):
     calls = []
 
