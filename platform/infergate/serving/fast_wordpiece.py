@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import re
+import string
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -42,16 +43,21 @@ log = logging.getLogger(__name__)
 Figures = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 BERT = {"normalizer": "BertNormalizer", "pre_tokenizer": "BertPreTokenizer", "model": "WordPiece"}
-# Checked against the library when a tokenizer is built: cases, punctuation, digits,
-# whitespace, a word past WordPiece's 100 characters, nothing, and a text to cut.
+# BERT's: kitoken aborts the process on an empty one and misreads a lone "#" as one.
+SUBWORD_PREFIX = "##"
+# Checked against the library when a tokenizer is built: cases, every punctuation mark,
+# digits, whitespace, words past WordPiece's 100 characters (unknown), nothing, texts of
+# as many tokens as fit and one more (``_probes``), and a long text of varied words.
 PROBES = (
     "Hello, World!",
     "",
     "   ",
+    " ".join(string.punctuation) + string.punctuation,
     "It's 3.14 o'clock\tin the U.S.A.\r\nReally?!",
     "unbelievably antidisestablishmentarianism e-mail",
+    "x" * 101,
     "x" * 120 + " y",
-    "WORD " * 600,
+    " ".join(f"w{i} word{i % 7}" for i in range(300)),
 )
 
 
@@ -59,8 +65,11 @@ class FastWordPiece:
     """Encodes batches of single plain-ASCII texts as ``tokenizer`` does with its
     truncation (``max_length``, cut at ``direction``) and right padding."""
 
-    def __init__(self, kit: Kitoken, tokenizer: Tokenizer, max_length: int, direction: str):
-        self._kit = kit
+    def __init__(
+        self, vocabulary: _Vocabulary, tokenizer: Tokenizer, max_length: int, direction: str
+    ):
+        self._vocabulary = vocabulary  # held while this is
+        self._kit = vocabulary.kit
         # The template's special tokens around a text, from the library itself.
         bare = tokenizer.encode("hello", add_special_tokens=False).ids
         whole = tokenizer.encode("hello").ids
@@ -89,26 +98,35 @@ class FastWordPiece:
         spec = json.loads(tokenizer.to_str())
         if any((spec.get(part) or {}).get("type") != kind for part, kind in BERT.items()):
             return None
+        if spec["model"].get("continuing_subword_prefix") != SUBWORD_PREFIX:
+            return None
         spec["padding"] = spec["truncation"] = None  # both done here, as configured
         content = json.dumps(spec).encode()
         key = hashlib.sha256(content).digest()
         try:
             with _LOADED_LOCK:  # one kitoken per vocabulary: cut at either end, any length
-                loaded = _LOADED.get(key)
-                kit = loaded._kit if loaded is not None else Kitoken.from_tokenizers(content)
-            fast = cls(kit, tokenizer, max_length, direction)
+                vocabulary = _LOADED.get(key)
+                if vocabulary is None:
+                    vocabulary = _LOADED[key] = _Vocabulary(Kitoken.from_tokenizers(content))
+            fast = cls(vocabulary, tokenizer, max_length, direction)
         except Exception as error:  # any refusal leaves the library's path
             log.info("no fast WordPiece path for this tokenizer: %s", error)
             return None
+        if fast._budget < 1:  # not even one token of text fits
+            return None
         # Each probe alone, and all in one batch (padded to the longest).
-        for batch in [[text] for text in PROBES] + [list(PROBES)]:
+        probes = fast._probes()
+        for batch in [[text] for text in probes] + [probes]:
             got, expected = fast.encode(batch), reference(batch)
             if got is None or not all(map(np.array_equal, got, expected.figures())):
                 log.warning("kitoken encodes %r otherwise than the tokenizer", batch[0])
                 return None
-        with _LOADED_LOCK:
-            _LOADED.setdefault(key, fast)
         return fast
+
+    def _probes(self) -> list[str]:
+        """``PROBES``, and texts of as many tokens as fit and of one more."""
+        fits = " ".join(["word"] * self._budget)
+        return [*PROBES, fits, fits + " word", fits + " !"]
 
     def encode(self, texts: Sequence[str]) -> Figures | None:
         """The figures of ``texts`` (each plain ASCII) as ``tokenization.Batch`` holds
@@ -146,7 +164,15 @@ class FastWordPiece:
         )
 
 
-# The fast paths in use, by their tokenizer's content: another made for the same content
-# (the other end to cut, another maximum length) shares its kitoken.
-_LOADED: weakref.WeakValueDictionary[bytes, FastWordPiece] = weakref.WeakValueDictionary()
+class _Vocabulary:
+    """A loaded kitoken, shared by every fast path made for the same tokenizer content
+    (the other end to cut, another maximum length) while any of them holds it."""
+
+    __slots__ = ("__weakref__", "kit")
+
+    def __init__(self, kit: Kitoken) -> None:
+        self.kit = kit
+
+
+_LOADED: weakref.WeakValueDictionary[bytes, _Vocabulary] = weakref.WeakValueDictionary()
 _LOADED_LOCK = threading.Lock()

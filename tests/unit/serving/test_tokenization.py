@@ -181,6 +181,21 @@ def test_an_added_token_with_a_space_matched_after_normalising_leaves_no_twin():
     assert ascii_twin(library) is None
 
 
+def test_an_added_token_with_an_accent_matched_after_normalising_leaves_no_twin():
+    # The original strips the accent from the token and finds it in "naive"; a twin that
+    # only lowercases would not.
+    from tokenizers import AddedToken, Tokenizer
+
+    from infergate.serving.tokenization import ascii_twin
+
+    library = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
+    library.add_tokens([AddedToken("naïve", normalized=False)])  # matched as typed: alike
+    assert ascii_twin(library) is not None
+    library.add_tokens([AddedToken("café", normalized=True)])
+    assert library.token_to_id("café") in library.encode("a cafe").ids
+    assert ascii_twin(library) is None
+
+
 def test_versions_with_the_same_tokenizer_file_share_one_tokenizer(tmp_path):
     import gc
     import json
@@ -270,3 +285,45 @@ def test_a_fast_path_that_differs_from_the_library_on_a_probe_is_not_used():
     # Cut one token later than the library (a budget off by one): refused.
     assert FastWordPiece.build(file, 17, "right", library) is None
     assert FastWordPiece.build(file, 16, "left", library) is None  # the other end
+
+
+def variant(**changes) -> TextTokenizer:
+    """MiniLM's tokenizer file with ``changes`` to its spec (``model.x``: the model's)."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    spec = json.loads((MINILM / "tokenizer.json").read_text())
+    for name, value in changes.items():
+        part, _, key = name.rpartition("__")
+        (spec[part] if part else spec)[key] = value
+    return TextTokenizer(Tokenizer.from_str(json.dumps(spec)), 16)
+
+
+@pytest.mark.parametrize("end", ["right", "left"])
+def test_kitoken_at_the_edges_of_the_cut(both_ends, end):
+    served, library = both_ends[end]
+    fits = "word " * 14  # [CLS] + 14 + [SEP]: max_length 16
+    texts = [fits, fits + "word", fits + "!", "x" * 101, " ".join(f"w{i}" for i in range(90))]
+    batch = served(texts)
+    assert batch.truncated.tolist() == [False, True, True, False, True]
+    assert batch.unknown_ratio[3] == 1.0  # one word past 100 characters: [UNK]
+    assert_same_batches(batch, library(texts))
+
+
+def test_kitoken_pads_with_the_files_pad_id():
+    served = variant(padding={"strategy": "BatchLongest", "direction": "Right",
+                              "pad_to_multiple_of": None, "pad_id": 7, "pad_type_id": 0,
+                              "pad_token": "[unused6]"})  # fmt: skip
+    assert served._fast is not None
+    batch = served(["a", "a somewhat longer text"])
+    assert batch.input_ids[0, -1] == 7
+    assert_same_batches(batch, served._library(["a", "a somewhat longer text"]))
+
+
+@pytest.mark.parametrize("prefix", ["", "#", "@@"])
+def test_no_kitoken_for_a_subword_prefix_other_than_berts(prefix):
+    # kitoken aborts the process on an empty prefix and reads a lone "#" as "#" + nothing.
+    served = variant(model__continuing_subword_prefix=prefix)
+    assert served._fast is None and served._ascii is not None
+    assert served(["C# and F#"]).input_ids.shape[0] == 1
