@@ -476,7 +476,8 @@ def test_a_classifier_retrained_with_another_seed_is_promoted_through_every_step
     print(f"\nretrained classifier (seed 1, held-out accuracy {seed_1.heldout_accuracy:.3f}): "
           f"{trail[-1]['action']} {seconds:.1f} s after its alias was set; "
           f"{trail[1]['reason']}; answers {dict(answered)}")  # fmt: skip
-    assert client.get_registered_model(RETRAINED).aliases == {"champion": version}, trail
+    last = f"{trail[-1]['action']}: {trail[-1]['reason']}"  # the trail's repr is cut short
+    assert client.get_registered_model(RETRAINED).aliases == {"champion": version}, last
     assert [entry["action"] for entry in trail] == ["start", "advance", "advance", "promote"]
     assert trail[1]["reason"].startswith("shadow passed: agreement ")
 
