@@ -91,11 +91,13 @@ class FastWordPiece:
         max_length: int,
         direction: str,
         reference: Callable[[list[str]], Any],
+        serialized: str | None = None,
     ) -> FastWordPiece | None:
         """The fast path for ``tokenizer`` (configured as it serves), or None: not a BERT
         tokenizer, one kitoken cannot read, or one whose figures differ from those of
-        ``reference``'s batches (the library's) on the probe texts."""
-        spec = json.loads(tokenizer.to_str())
+        ``reference``'s batches (the library's) on the probe texts. ``serialized``:
+        ``tokenizer.to_str()``, if the caller has it."""
+        spec = json.loads(serialized or tokenizer.to_str())
         if any((spec.get(part) or {}).get("type") != kind for part, kind in BERT.items()):
             return None
         if spec["model"].get("continuing_subword_prefix") != SUBWORD_PREFIX:

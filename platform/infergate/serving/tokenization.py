@@ -110,7 +110,7 @@ def plain_ascii(text: str) -> bool:
     )
 
 
-def ascii_twin(tokenizer: Tokenizer) -> Tokenizer | None:
+def ascii_twin(tokenizer: Tokenizer, serialized: str | None = None) -> Tokenizer | None:
     """A copy of a BERT tokenizer whose normaliser only lowercases (if the original
     does), for texts where :func:`plain_ascii` holds; None for other tokenizers.
 
@@ -131,7 +131,7 @@ def ascii_twin(tokenizer: Tokenizer) -> Tokenizer | None:
     The twin is a second copy of the tokenizer: for MiniLM's vocabulary about 6 MB more
     per tokenizer file a replica serves (versions with the same file share one,
     :meth:`TextTokenizer.shared`), and a tokenizer loads in about 43 ms instead of 15."""
-    serialized = tokenizer.to_str()
+    serialized = serialized or tokenizer.to_str()  # given: read once for both fast paths
     spec = json.loads(serialized)
     normalizer = spec.get("normalizer") or {}
     if normalizer.get("type") != "BertNormalizer":
@@ -169,10 +169,11 @@ class TextTokenizer:
         tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
         unk_token = getattr(tokenizer.model, "unk_token", None)
         self._unk_id = tokenizer.token_to_id(unk_token) if unk_token else None
-        self._ascii = ascii_twin(tokenizer)  # for batches of plain ASCII (made configured)
+        serialized = tokenizer.to_str()  # as configured
+        self._ascii = ascii_twin(tokenizer, serialized)  # for batches of plain ASCII
         # ... and, alone and without offsets, kitoken's ids (checked against the library)
         self._fast = (
-            FastWordPiece.build(tokenizer, max_length, direction, self._library)
+            FastWordPiece.build(tokenizer, max_length, direction, self._library, serialized)
             if self._ascii is not None
             else None
         )
