@@ -12,15 +12,29 @@ import pytest
 
 import machine
 import workers
+from shared_stack import on_shared_stack
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    workers.share_run_id(config)
     names = machine.unknown()
     if names:
         raise pytest.UsageError(
             f"{machine.WITHOUT} names no capability {', '.join(names)}; "
             f"known: {', '.join(machine.CAPABILITIES)}"
         )
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> workers.Scheduling | None:
+    """``--dist loadfile`` (the Makefile's) with the session stack's modules as one unit."""
+    return workers.Scheduling(config, log) if config.getoption("dist") == "loadfile" else None
+
+
+@pytest.hookimpl(trylast=True)  # after tests/e2e's, which puts them first
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workers.tell_shared_modules(config, [i.nodeid.split("::", 1)[0] for i in items
+                                         if on_shared_stack(i)])  # fmt: skip
 
 
 @pytest.hookimpl(tryfirst=True)

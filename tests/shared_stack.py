@@ -3,8 +3,9 @@ test on it rather than at the end of the run: idle, a stack still takes about a 
 core (Ray's agents and actors, the replicas' flushes), which the modules with stacks of
 their own and the unit tests are better given. The modules on it run first for that.
 
-On pytest-xdist's workers it stops at the end of the run: a worker does not know which
-modules it will be handed. tests/e2e/conftest.py takes the two hooks below as its own.
+On pytest-xdist's workers too: the modules on it are one unit of work, run whole and in
+order by one worker (tests/workers.py). tests/e2e/conftest.py takes the two hooks below
+as its own.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 import pytest
-
-from workers import worker_run
 
 STOPS = pytest.StashKey[ExitStack]()
 LAST_ON_IT = pytest.StashKey[str | None]()
@@ -51,7 +50,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     torn_down = yield
     stash = item.config.stash
-    if worker_run(item.config) is not None or STOPS not in stash:
+    if STOPS not in stash:
         return torn_down
     if LAST_ON_IT not in stash:
         on_it = [other.nodeid for other in item.session.items if on_shared_stack(other)]

@@ -72,3 +72,17 @@ def test_a_test_that_fails_lets_the_others_through(quiet: bool) -> None:
     events: list[str] = []
     hold(item(run, quiet=True), events, "next", 0.0).join(2)
     assert events == ["next in", "next out"]
+
+
+def test_the_controller_reads_which_modules_its_workers_found_on_the_shared_stack() -> None:
+    run = uuid.uuid4().hex
+    with pytest.raises(pytest.UsageError, match="did not say"):
+        workers.shared_modules(run)
+    worker = SimpleNamespace(workerinput={"testrunuid": run})
+    on_it = ["tests/e2e/test_stack.py", "tests/e2e/test_canary.py", "tests/e2e/test_stack.py"]
+    for _ in range(2):  # each worker writes it, whole
+        workers.tell_shared_modules(worker, on_it)  # type: ignore[arg-type]
+    assert workers.shared_modules(run) == {"tests/e2e/test_stack.py", "tests/e2e/test_canary.py"}
+    assert [p.name for p in workers.run_folder(run).iterdir()] == [workers.SHARED_MODULES]
+    workers.tell_shared_modules(SimpleNamespace(), ["x"])  # type: ignore[arg-type]  # no worker
+    assert workers.shared_modules(run) == {"tests/e2e/test_stack.py", "tests/e2e/test_canary.py"}
