@@ -89,9 +89,11 @@ down:
 
 # TEST_WORKERS=2 runs the tests on two workers (tests/workers.py: who runs beside whom),
 # for a machine with 4 cores or more: each worker's stack keeps about one core busy and
-# more at its peaks. On 2 cores the two workers contend (a run here took 38 min instead
-# of 46, and a canary judged under that load failed to be promoted), so one is the default;
-# since the session stack stops after its last test, one worker takes about 39 min here.
+# more at its peaks. On 2 cores the two workers contend, so one is the default: one worker
+# left the cores idle 46 % of a clean-clone run (32.8 min, pytest 1,845 s), two 19 % (27.6
+# min, 1,547 s), but the session stack then started in 143 s instead of 57 and the
+# benchmark's smoke took 514 s instead of 227 (it now runs alone); an earlier pair of
+# runs saw a canary judged under that load fail to be promoted.
 TEST_WORKERS ?= 1
 WORKERS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
