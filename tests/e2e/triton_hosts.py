@@ -5,6 +5,8 @@ folder ``hidden``)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -51,14 +53,23 @@ class TritonHost:
             INFERGATE, "triton", "--address", "0.0.0.0", "--state-dir", str(self.state_dir),
         )  # fmt: skip
         with (self.state_dir / f"triton-{self.starts}.log").open("wb") as log:
-            self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=log)
+            self.process = subprocess.Popen(
+                command, env=self.env, stdout=log, stderr=log, start_new_session=True
+            )
         client = triton_http.InferenceServerClient(self.http_url)
         wait_for(lambda: _answers(client), 60, "Triton in the network host answering")
 
     def kill(self) -> None:
+        """Triton and its model stubs at once, as when its machine or container dies (the
+        stubs of a tritonserver killed alone were once left running for good)."""
         assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)  # ip netns exec execs: this is tritonserver
+        self.kill_group()
         self.process.wait(timeout=30)
+
+    def kill_group(self) -> None:
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):  # ip netns exec execs: Triton's group
+            os.killpg(self.process.pid, signal.SIGKILL)
 
 
 def _answers(client: triton_http.InferenceServerClient) -> bool:
@@ -82,3 +93,4 @@ def running_triton_host(
         finally:
             if triton.process is not None:
                 stop_process(triton.process)
+                triton.kill_group()  # what a stop that timed out left
