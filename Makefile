@@ -87,14 +87,12 @@ up: install prometheus
 down:
 	$(VENV)/bin/infergate down
 
-# TEST_WORKERS=2 runs the tests on two workers (tests/workers.py: who runs beside whom),
-# for a machine with 4 cores or more: each worker's stack keeps about one core busy and
-# more at its peaks. On 2 cores the two workers contend, so one is the default: one worker
-# left the cores idle 46 % of a clean-clone run (32.8 min, pytest 1,845 s), two 19 % (27.6
-# min, 1,547 s), but the session stack then started in 143 s instead of 57 and the
-# benchmark's smoke took 514 s instead of 227 (it now runs alone); an earlier pair of
-# runs saw a canary judged under that load fail to be promoted.
-TEST_WORKERS ?= 1
+# The tests run on two workers (pytest-xdist; tests/workers.py: who runs beside whom), one
+# on a one-core machine; TEST_WORKERS=1 asks for one. Much of an end-to-end module waits,
+# and the other worker runs meanwhile: on 2 cores one worker left them idle 46 % of a
+# clean-clone run (32.8 min, pytest 1,845 s), two 26 % (25.5 min, 1,434 s), the session
+# stack's modules on one worker and the benchmark's smoke alone.
+TEST_WORKERS ?= $(if $(filter 1,$(shell nproc 2>/dev/null || echo 1)),1,2)
 WORKERS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: install prometheus test-hosts

@@ -1,5 +1,6 @@
-"""The tests on several workers (`make test TEST_WORKERS=2`: pytest-xdist's ``-n 2 --dist
-loadfile``): what keeps two workers from harming each other's tests.
+"""The tests on several workers (`make test`, two unless the machine has one core:
+pytest-xdist's ``-n 2 --dist loadfile``): what keeps two workers from harming each
+other's tests.
 
 - A module runs whole on one worker (``loadfile``): its stack is a module fixture,
   started once. What two modules on two workers could both take is taken by claim: free

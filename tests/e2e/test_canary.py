@@ -420,6 +420,10 @@ def test_an_embedding_canary_is_judged_by_its_neighbours_on_live_texts(
 RETRAINED = "canary-retrained"
 
 
+# Judged on latency too: its fp32 canary is slower than the int8 champion on every request,
+# and only the policy's latency margin keeps a step from failing it (a pause of the other
+# worker's making could).
+@pytest.mark.quiet
 def test_a_classifier_retrained_with_another_seed_is_promoted_through_every_step(
     stack, http, tmp_path
 ):
